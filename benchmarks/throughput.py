@@ -1,0 +1,234 @@
+"""Output tokens/s of Conveyor (continuous and static) against transformers, side by side in one run.
+
+    python benchmarks/throughput.py                 # the issue's workload: 256 requests, batch 64
+    python benchmarks/throughput.py --quick         # a few minutes: 64 requests, shorter prompts
+
+Every system runs the same seeded workload at the same maximum batch, greedy with ignore_eos, so each
+request produces exactly its requested number of tokens. Prints a table and ratios; writes JSON and a
+PNG chart under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.workload import Job, bench_model_dir, make_workload  # noqa: E402
+from engine import LLMEngine, SamplingParams  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, scheduling: str) -> dict:
+    engine = LLMEngine(
+        str(model_dir),
+        max_num_seqs=args.max_batch,
+        max_num_batched_tokens=args.max_batched_tokens,
+        num_kv_blocks=args.kv_blocks,
+        block_size=16,
+        dtype="float32",
+        device="cpu",
+        scheduling=scheduling,
+    )
+    for i, job in enumerate(jobs):
+        engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
+    produced = 0
+    step_seconds = forward_seconds = 0.0
+    peak_waste = (0, 0)  # (unwritten slots, allocated slots) at the step with most blocks allocated
+    decode_batch_steps = [0.0, 0.0]  # time outside the forward, total time: steps with >= 64 decodes
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        deltas = engine.step()
+        dt = time.perf_counter() - t0
+        fwd = engine.runner.last_forward_seconds
+        step_seconds += dt
+        forward_seconds += fwd
+        produced += sum(len(d.new_token_ids) for d in deltas)
+        waste = engine.kv_waste()
+        if waste[1] > peak_waste[1]:
+            peak_waste = waste
+        if engine.stats().num_running >= min(64, args.max_batch):
+            decode_batch_steps[0] += dt - fwd
+            decode_batch_steps[1] += dt
+    elapsed = time.perf_counter() - start
+    stats = engine.stats()
+    return {
+        "output_tokens": produced,
+        "seconds": elapsed,
+        "tokens_per_s": produced / elapsed,
+        "kv_waste_at_peak": peak_waste[0] / max(1, peak_waste[1]),
+        "outside_forward_share": (step_seconds - forward_seconds) / max(step_seconds, 1e-9),
+        "outside_forward_share_full_batch": decode_batch_steps[0] / max(decode_batch_steps[1], 1e-9),
+        "preemptions": stats.num_preemptions,
+        "prefix_cache_hit_rate": stats.prefix_cache_hits / max(1, stats.prefix_cache_queries),
+    }
+
+
+def _params(job: Job) -> SamplingParams:
+    return SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True)
+
+
+def _hf_model(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    return model.eval()
+
+
+def run_hf_static(model_dir: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
+    """transformers' `generate` over left-padded batches of max_batch; a batch runs to its longest output.
+    Only the tokens each request asked for are counted as output."""
+    model = _hf_model(model_dir)
+    produced = 0
+    start = time.perf_counter()
+    for b in range(0, len(jobs), args.max_batch):
+        batch = jobs[b : b + args.max_batch]
+        width = max(len(j.prompt_token_ids) for j in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, job in enumerate(batch):
+            n = len(job.prompt_token_ids)
+            ids[row, width - n :] = torch.tensor(job.prompt_token_ids)
+            mask[row, width - n :] = 1
+        new = max(j.max_tokens for j in batch)
+        with torch.no_grad():
+            model.generate(
+                ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+            )
+        produced += sum(j.max_tokens for j in batch)
+    elapsed = time.perf_counter() - start
+    return {"output_tokens": produced, "seconds": elapsed, "tokens_per_s": produced / elapsed}
+
+
+def run_hf_continuous(model_dir: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
+    """transformers' own continuous batching (ContinuousBatchingManager, sdpa), with its cache sized
+    explicitly: left to itself it sizes the cache from all system memory."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    model = _hf_model(model_dir)
+    cb = ContinuousBatchingConfig(
+        page_size=256,
+        num_blocks=max(8, args.kv_blocks * 16 // 256),
+        max_batch_tokens=args.max_batched_tokens,
+        max_requests_per_batch=args.max_batch,
+        allow_block_sharing=False,
+        use_cuda_graph=False,
+    )
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(j.max_tokens for j in jobs), eos_token_id=-1)
+    produced = 0
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb) as mgr:
+        for i, job in enumerate(jobs):
+            mgr.add_request(job.prompt_token_ids, request_id=f"r{i}", max_new_tokens=job.max_tokens, eos_token_id=-1)
+        for _ in jobs:
+            result = mgr.get_result(timeout=600)
+            if result is None:
+                raise RuntimeError("transformers' continuous batching returned no result within 600 s")
+            produced += len(result.generated_tokens)
+    elapsed = time.perf_counter() - start
+    return {"output_tokens": produced, "seconds": elapsed, "tokens_per_s": produced / elapsed}
+
+
+SYSTEMS = {
+    "conveyor_continuous": lambda m, j, a: run_conveyor(m, j, a, "continuous"),
+    "conveyor_static": lambda m, j, a: run_conveyor(m, j, a, "static"),
+    "hf_generate_static": run_hf_static,
+    "hf_continuous_batching": run_hf_continuous,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--max-prompt", type=int, default=512)
+    parser.add_argument("--max-output", type=int, default=512)
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-blocks", type=int, default=4096, help="KV pool in blocks of 16 tokens")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
+    parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
+    parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
+    parser.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
+    torch.manual_seed(0)
+
+    model_dir = bench_model_dir(args.model_cache)
+    jobs = make_workload(args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output)
+    print(
+        f"workload: {len(jobs)} requests, prompt tokens {sum(len(j.prompt_token_ids) for j in jobs)}, "
+        f"output tokens {sum(j.max_tokens for j in jobs)}, max batch {args.max_batch}, "
+        f"torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    results: dict[str, dict] = {}
+    for name in args.systems.split(","):
+        print(f"running {name} ...", flush=True)
+        results[name] = SYSTEMS[name](model_dir, jobs, args)
+        print(f"  {name}: {results[name]['tokens_per_s']:.1f} output tok/s in {results[name]['seconds']:.1f} s", flush=True)
+
+    if "conveyor_continuous" in results:
+        prefix_jobs = make_workload(min(64, args.num_requests), max_prompt=args.max_prompt, max_output=32, shared_prefix=min(256, args.max_prompt // 2), seed=1)
+        results["shared_prefix_variant"] = run_conveyor(model_dir, prefix_jobs, args, "continuous")
+    report = _report(results, args, jobs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    _chart(results, args.out.with_suffix(".png"))
+    print(json.dumps(report["ratios"], indent=2))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job]) -> dict:
+    base = results.get("conveyor_continuous", {}).get("tokens_per_s")
+    ratios = {}
+    if base:
+        for other in ("conveyor_static", "hf_generate_static", "hf_continuous_batching"):
+            if other in results:
+                ratios[f"continuous_vs_{other}"] = round(base / results[other]["tokens_per_s"], 2)
+        c = results["conveyor_continuous"]
+        ratios["kv_waste_at_peak"] = round(c["kv_waste_at_peak"], 4)
+        ratios["outside_forward_share_at_full_batch"] = round(c["outside_forward_share_full_batch"], 4)
+        if "shared_prefix_variant" in results:
+            ratios["prefix_cache_hit_rate_shared_prefix"] = round(results["shared_prefix_variant"]["prefix_cache_hit_rate"], 4)
+    return {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "num_requests": len(jobs),
+        "results": results,
+        "ratios": ratios,
+    }
+
+
+def _chart(results: dict[str, dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no chart")
+        return
+    names = [n for n in SYSTEMS if n in results]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, [results[n]["tokens_per_s"] for n in names], color=["#2a7", "#7a2", "#888", "#aaa"][: len(names)])
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Same workload, same max batch (CPU, fp32)")
+    plt.setp(ax.get_xticklabels(), rotation=15, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The seeded benchmark workload shared by the throughput and Redis benchmarks, and its model."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Job:
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+def make_workload(
+    num_requests: int = 256,
+    min_prompt: int = 16,
+    max_prompt: int = 512,
+    max_output: int = 512,
+    vocab_size: int = 32000,
+    seed: int = 0,
+    shared_prefix: int = 0,
+) -> list[Job]:
+    """Prompt lengths uniform in [min_prompt, max_prompt]; output lengths heavy-tailed (Pareto, alpha 1.2,
+    scale 16) capped at max_output, so most requests are short and a few run long, as in chat traffic.
+    With `shared_prefix`, every prompt starts with the same that many tokens (a system prompt)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab_size) for _ in range(shared_prefix)]
+    jobs = []
+    for _ in range(num_requests):
+        n = rng.randint(min_prompt, max_prompt)
+        tail = [rng.randrange(3, vocab_size) for _ in range(max(1, n - len(prefix)))]
+        out = min(max_output, int(16 * rng.paretovariate(1.2)))
+        jobs.append(Job(prompt_token_ids=prefix + tail, max_tokens=max(1, out)))
+    return jobs
+
+
+# About 50M parameters: hidden 512, 8 layers, vocab 32000 (embeddings and head untied).
+BENCH_MODEL = dict(
+    hidden_size=512,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=8,
+    intermediate_size=1408,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
+
+
+def bench_model_dir(cache_dir: Path, **overrides: object) -> Path:
+    """Build (once) the random-weight benchmark model under cache_dir and return its folder."""
+    from engine.tiny_model import make_tiny_model
+
+    shape = {**BENCH_MODEL, **overrides}
+    name = "bench-" + "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
+    out = cache_dir / name
+    if not (out / "config.json").exists():
+        make_tiny_model(out, arch="llama", seed=0, **shape)
+    return out

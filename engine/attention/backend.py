@@ -1,0 +1,54 @@
+"""The interface between model code and attention implementations.
+
+Model code calls `write_kv` then `forward` once per layer per step. Backends own no state beyond what
+they precompute from the metadata; the KV pool tensors are passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def write_kv(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> None:
+        """Scatter this step's new K/V rows into the pool at `meta.slot_mapping` (slot -1 skipped)."""
+        ...
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], dtype of query
+        """Causal attention of each new token over its sequence's cached context (GQA by head grouping)."""
+        ...
+
+
+def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+    """Resolve "auto" | "torch" | "triton" to a backend. "auto" is Triton on CUDA, torch elsewhere."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        from engine.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "triton":
+        from engine.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; choose 'auto', 'torch' or 'triton'")

@@ -1,0 +1,210 @@
+"""Per-request block tables over one BlockPool, with prefix caching and copy-on-write forks.
+
+    block_size = 4, prompt = 10 tokens
+    tokens   [t0 t1 t2 t3][t4 t5 t6 t7][t8 t9 .  .]
+    table    [    7      ][     2     ][    9     ]     full blocks 7, 2 are hashed: h7 = H(None, t0..t3),
+                                                      h2 = H(h7, t4..t7); block 9 is partial, never hashed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.block_hash import BlockHash, HashFn, hash_block_tokens
+from engine.block_pool import BlockPool, KVBlock
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """Blocks found in the prefix cache for a request's leading tokens."""
+
+    blocks: tuple[KVBlock, ...]
+    num_tokens: int
+
+
+NO_PREFIX = CachedPrefix((), 0)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    new_block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fork:
+    # (src, dst) copies of the parent's partly filled last block; empty when the prompt fills whole blocks.
+    block_copies: tuple[tuple[int, int], ...]
+
+
+class KVBlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        hash_fn: HashFn = hash_block_tokens,
+    ) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._hash_fn = hash_fn
+        self._tables: dict[str, list[int]] = {}
+        # Chain hashes of the request's full blocks, computed once per block (kept while it has a table
+        # or sits at the head of the waiting queue).
+        self._hashes: dict[str, list[BlockHash]] = {}
+        # How many leading blocks of the table are already registered in the prefix cache.
+        self._num_registered: dict[str, int] = {}
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_blocks - self.pool.num_free
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The live table (do not mutate); empty when the request holds no blocks."""
+        return self._tables.get(request_id, [])
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ------------------------------------------------------------------ verbs
+
+    def get_computed_blocks(self, request: Request) -> CachedPrefix:
+        """Longest cached prefix of the request's tokens, in full blocks, leaving at least the last token
+        to compute so the step has logits to sample from (a full-prompt hit recomputes its last block)."""
+        if not self.enable_prefix_caching:
+            return NO_PREFIX
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self._ensure_hashes(request, max_blocks)
+        tokens = request.token_ids()
+        bs = self.block_size
+        hits: list[KVBlock] = []
+        for i in range(max_blocks):
+            block = self.pool.lookup(hashes[i], tokens[i * bs : (i + 1) * bs])
+            if block is None:
+                break
+            hits.append(block)
+        return CachedPrefix(tuple(hits), len(hits) * bs)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached: CachedPrefix = NO_PREFIX
+    ) -> Allocation | None:
+        """Grow the table to hold num_computed_tokens + num_new_tokens tokens (after the cached prefix on
+        admission). None when the free blocks do not suffice; then nothing changed."""
+        table = self._tables.get(request.request_id)
+        if table is None:
+            table = []
+            num_computed = cached.num_tokens
+        else:
+            assert not cached.blocks, "a cached prefix is only taken on admission"
+            num_computed = request.num_computed_tokens
+        num_new_blocks = self.blocks_needed(num_computed + num_new_tokens) - len(table) - len(cached.blocks)
+        # Cached hits with ref_cnt 0 sit in the free list, so taking them uses free blocks too.
+        num_revived = sum(1 for b in cached.blocks if b.ref_cnt == 0)
+        if max(num_new_blocks, 0) + num_revived > self.pool.num_free:
+            return None
+        if request.request_id not in self._tables:
+            self._tables[request.request_id] = table
+            self._num_registered[request.request_id] = len(cached.blocks)
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += cached.num_tokens
+        # Touch hits before taking new blocks, else the LRU eviction could hand out a hit block.
+        for block in cached.blocks:
+            self.pool.touch(block)
+            table.append(block.block_id)
+        new_ids = []
+        for _ in range(num_new_blocks):
+            block = self.pool.take()
+            assert block is not None
+            table.append(block.block_id)
+            new_ids.append(block.block_id)
+        return Allocation(tuple(new_ids))
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register blocks that became full of computed tokens since the last call (each hashed once)."""
+        if not self.enable_prefix_caching:
+            return
+        rid = request.request_id
+        table = self._tables.get(rid)
+        if table is None:
+            return
+        start = self._num_registered[rid]
+        end = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        if end <= start:
+            return
+        hashes = self._ensure_hashes(request, end)
+        tokens = request.token_ids()
+        bs = self.block_size
+        for i in range(start, end):
+            block = self.pool.blocks[table[i]]
+            if block.block_hash is None:
+                self.pool.cache(block, hashes[i], tokens[i * bs : (i + 1) * bs])
+        self._num_registered[rid] = end
+
+    def fork(self, parent: Request, child: Request) -> Fork | None:
+        """Give `child` the parent's prompt blocks: full blocks shared by reference, a partly filled last
+        block copied into a fresh one (the runner copies after this step's forward). None: no free block."""
+        table = self._tables[parent.request_id]
+        num_prompt = parent.num_prompt_tokens
+        num_full = num_prompt // self.block_size
+        partial = num_prompt % self.block_size != 0
+        copies: tuple[tuple[int, int], ...] = ()
+        child_table = table[:num_full]
+        if partial:
+            block = self.pool.take()
+            if block is None:
+                return None
+            copies = ((table[num_full], block.block_id),)
+        for block_id in child_table:
+            self.pool.touch(self.pool.blocks[block_id])
+        if partial:
+            child_table.append(copies[0][1])
+        self._tables[child.request_id] = child_table
+        self._num_registered[child.request_id] = 0
+        if parent.request_id in self._hashes:
+            self._hashes[child.request_id] = self._hashes[parent.request_id][:num_full]
+        return Fork(copies)
+
+    def free(self, request: Request) -> None:
+        """Return every block of the request, tail first, so tails are evicted before shared prefixes."""
+        rid = request.request_id
+        self._hashes.pop(rid, None)
+        self._num_registered.pop(rid, None)
+        table = self._tables.pop(rid, None)
+        if table is None:
+            return
+        blocks = self.pool.blocks
+        for block_id in reversed(table):
+            self.pool.release(blocks[block_id])
+
+    def check_invariants(self) -> None:
+        holders: dict[int, int] = {}
+        for table in self._tables.values():
+            for block_id in table:
+                holders[block_id] = holders.get(block_id, 0) + 1
+        self.pool.check_invariants(holders)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ensure_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        hashes = self._hashes.setdefault(request.request_id, [])
+        if len(hashes) < num_blocks:
+            tokens = request.token_ids()
+            bs = self.block_size
+            parent = hashes[-1] if hashes else None
+            for i in range(len(hashes), num_blocks):
+                parent = self._hash_fn(parent, tokens[i * bs : (i + 1) * bs])
+                hashes.append(parent)
+        return hashes

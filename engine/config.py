@@ -1,0 +1,79 @@
+"""Engine configuration: frozen, validated once. Values found at start-up are passed separately."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Everything the scheduler and block manager need; plain ints so tests build it in one line."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    enable_prefix_caching: bool = True
+    # "continuous": iteration-level batching. "static": a new batch starts only when the last one ended.
+    scheduling: Literal["continuous", "static"] = "continuous"
+    policy: Literal["fcfs", "priority"] = "fcfs"
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What a user chooses. `LLMEngine(**kwargs)` builds one of these; see README for each knob."""
+
+    model: str
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    # None: the model's own maximum context.
+    max_model_len: int | None = None
+    # None: sized from kv_cache_memory.
+    num_kv_blocks: int | None = None
+    # KV pool budget: bytes on the CPU (None -> 1 GiB); on CUDA a fraction of free memory (None -> 0.9
+    # of free memory after the weights are loaded), or bytes when > 1.
+    kv_cache_memory: float | None = None
+    enable_prefix_caching: bool = True
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: str = "auto"
+    scheduling: Literal["continuous", "static"] = "continuous"
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # CUDA graphs for decode steps (CUDA only).
+    use_cuda_graphs: bool = True
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must name a checkpoint folder or hub id")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")

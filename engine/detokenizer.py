@@ -1,0 +1,79 @@
+"""Incremental detokenization: text deltas that never end in half a UTF-8 character.
+
+Only `tokenizer.decode(ids, skip_special_tokens=...)` is used, so a `tokenizers.Tokenizer` or a transformers
+tokenizer both work (give the latter `clean_up_tokenization_spaces=False`, or its decode is not additive).
+
+Each step decodes a small window `ids[prefix_offset:]` rather than the whole output:
+
+    ids:  ... | prefix_offset ......... read_offset ......... len(ids)
+                 \\__ already emitted __/ \\__ new, not emitted __/
+    delta = decode(ids[prefix_offset:]) minus its first len(decode(ids[prefix_offset:read_offset])) chars
+
+The already-emitted tokens in the window give decoders that strip a leading space (SentencePiece) their
+context. A decoded window that ends in U+FFFD (an unfinished multi-byte character) is held back; when
+several tokens arrive at once we walk back to the last token boundary that decodes cleanly, so what has been
+emitted depends only on the tokens seen, not on how they were grouped (a resumed request can replay its prior
+tokens in one call). For byte-level BPE tokenizers the deltas (plus `finish()`) concatenate to exactly
+`decode(output_ids)`. The window starts with up to 5 prompt tokens as context, unless they end mid-character.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+_REPLACEMENT = "\ufffd"
+_PROMPT_CONTEXT = 5
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        prior_output_ids: Sequence[int] = (),
+    ):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
+        if self._decode(context).endswith(_REPLACEMENT):
+            # The prompt ends mid-character: its bytes would merge with the output's. Start clean instead.
+            context = []
+        self._ids: list[int] = context
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self.text = ""  # everything emitted so far
+        if prior_output_ids:
+            # Resume: replay silently; the state (and `text`) equals that of the worker that emitted them.
+            self.add(prior_output_ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """Append generated tokens; return the newly decodable text (possibly "")."""
+        self._ids.extend(token_ids)
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        for end in range(len(self._ids), self._read_offset, -1):
+            window = self._decode(self._ids[self._prefix_offset : end])
+            if not window.endswith(_REPLACEMENT):
+                return self._emit(window[len(prefix_text) :], end)
+        return ""
+
+    def finish(self) -> str:
+        """The request is over: release what was held back (a trailing U+FFFD for unfinished bytes)."""
+        if self._read_offset == len(self._ids):
+            return ""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        window = self._decode(self._ids[self._prefix_offset :])
+        return self._emit(window[len(prefix_text) :], len(self._ids))
+
+    def _emit(self, delta: str, end: int) -> str:
+        self._prefix_offset, self._read_offset = self._read_offset, end
+        self.text += delta
+        return delta

@@ -1,0 +1,333 @@
+"""LLMEngine: the Python API the worker and users build on.
+
+    add_request ─▶ Scheduler.schedule() ─▶ ModelRunner.execute() ─▶ Scheduler.update_from_output()
+                                                                        │
+                    StepDelta (tokens, text delta, finish) ◀── TextStream (detokenize, stop strings)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import torch
+
+from engine.attention import get_attention_backend
+from engine.config import EngineConfig, SchedulerConfig
+from engine.detokenizer import TextStream
+from engine.errors import RequestRejected
+from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
+from engine.model_loader import load_model
+from engine.model_runner import ModelRunner
+from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
+from engine.request import Request, RequestStatus
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.tokenizer import load_tokenizer
+
+# Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
+_SAMPLE_SEP = "\x1f"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
+    return device
+
+
+class LLMEngine:
+    """Continuous-batching generation over a paged KV cache.
+
+    >>> llm = LLMEngine("path/to/checkpoint", max_num_seqs=64)
+    >>> llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))[0].text
+    """
+
+    def __init__(self, model: str, **options: object) -> None:
+        self.config = config = EngineConfig(model=model, **options)  # type: ignore[arg-type]
+        self.device = resolve_device(config.device)
+        self.model, self.spec = load_model(config.model, dtype=config.dtype, device=self.device)
+        self.tokenizer = load_tokenizer(config.model)
+        self.max_model_len = self._resolve_max_model_len()
+        self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
+            self.spec, config.block_size, self.device, config.kv_cache_memory
+        )
+        self.eos_token_ids = frozenset(self.spec.eos_token_ids) | _tokenizer_eos(self.tokenizer)
+        kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
+        self.runner = ModelRunner(
+            self.model,
+            self.spec,
+            kv_pool,
+            config.block_size,
+            self.device,
+            get_attention_backend(config.attention_backend, self.device),
+            Sampler(self.spec.vocab_size, self.eos_token_ids),
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=self.num_kv_blocks,
+                block_size=config.block_size,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                enable_prefix_caching=config.enable_prefix_caching,
+                scheduling=config.scheduling,
+                policy=config.scheduling_policy,
+            ),
+            self.eos_token_ids,
+        )
+        # Per sequence id: its detokenizer and stop-string state, and the index of its next token.
+        self._streams: dict[str, TextStream] = {}
+        self._next_index: dict[str, int] = {}
+        # User request id -> its sequence ids (one per sample).
+        self._groups: dict[str, list[str]] = {}
+        # Finishing deltas produced outside step() (aborts, resumed requests that were already done),
+        # handed out by the next step().
+        self._pending: list[StepDelta] = []
+        self._ids = itertools.count()
+        self._num_generated_tokens = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        prior_output_token_ids: Sequence[Sequence[int]] | None = None,
+        arrival_time: float | None = None,
+    ) -> int:
+        """Queue a request; return its number of prompt tokens. Raises `RequestRejected` if it can never run.
+
+        `prior_output_token_ids` (one list per sample) resumes a request whose first tokens were generated
+        elsewhere: they count towards `max_tokens`, and only tokens after them are emitted.
+        """
+        params = params or SamplingParams()
+        if request_id in self._groups:
+            raise RequestRejected(f"request id {request_id!r} is already in use")
+        prompt_ids = self._encode(prompt)
+        priors = [list(p) for p in prior_output_token_ids] if prior_output_token_ids else [[]] * params.n
+        if len(priors) != params.n:
+            raise RequestRejected(f"prior_output_token_ids has {len(priors)} lists, expected n={params.n}")
+        for prior in priors:
+            self._check_token_ids(prior, "prior_output_token_ids")
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        requests = [
+            Request(
+                request_id=request_id if params.n == 1 else f"{request_id}{_SAMPLE_SEP}{k}",
+                prompt_token_ids=prompt_ids,
+                params=params,
+                arrival_time=arrival,
+                priority=priority,
+                sample_index=k,
+                group_id=request_id,
+                output_token_ids=list(priors[k]),
+                status=RequestStatus.WAITING_FOR_FORK if k > 0 and not any(priors) else RequestStatus.WAITING,
+            )
+            for k in range(params.n)
+        ]
+        # Validate every sample before adding any, so a rejection leaves nothing behind.
+        for request in requests:
+            self.scheduler.check_request(request)
+        self._groups[request_id] = [r.request_id for r in requests]
+        for request in requests:
+            stream = TextStream(
+                self.tokenizer, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
+            )
+            self._streams[request.request_id] = stream
+            self._next_index[request.request_id] = request.num_output_tokens
+            if self._already_done(request):
+                self._pending.append(self._finish_delta(request, "length", stream.finish(), []))
+                continue
+            self.scheduler.add_request(request)
+        return len(prompt_ids)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; its samples end with finish_reason "abort"."""
+        seq_ids = self._groups.get(request_id)
+        if seq_ids is None:
+            return False
+        for seq_id in seq_ids:
+            request = self.scheduler.get_request(seq_id)
+            if request is None or seq_id not in self._streams:
+                continue
+            self.scheduler.abort_request(seq_id)
+            stream = self._streams[seq_id]
+            self._pending.append(self._finish_delta(request, "abort", stream.finish(), []))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> list[StepDelta]:
+        """Run one iteration: every running sequence advances by one token (or one prefill chunk)."""
+        deltas, self._pending = self._pending, []
+        sched_out = self.scheduler.schedule()
+        if sched_out.is_empty:
+            return deltas
+        runner_out = self.runner.execute(sched_out, self.scheduler.requests)
+        for request in self.scheduler.update_from_output(sched_out, runner_out):
+            deltas.append(self._delta_for(request, runner_out.logprobs.get(request.request_id)))
+        return deltas
+
+    def _delta_for(self, request: Request, logprobs: list[tuple[int, float]] | None) -> StepDelta:
+        seq_id = request.request_id
+        new_ids = request.output_token_ids[self._next_index[seq_id] :]
+        self._num_generated_tokens += len(new_ids)
+        stream = self._streams[seq_id]
+        text, stopped = stream.append(new_ids)
+        if stopped and not request.is_finished:
+            self.scheduler.finish_request(seq_id, RequestStatus.FINISHED_STOPPED)
+        lp = [logprobs] if logprobs is not None else None
+        if request.is_finished:
+            return self._finish_delta(request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp)
+        first = self._next_index[seq_id]
+        self._next_index[seq_id] = request.num_output_tokens
+        return StepDelta(
+            request_id=request.group_id,
+            sample_index=request.sample_index,
+            new_token_ids=new_ids,
+            text_delta=text,
+            first_index=first,
+            logprobs=lp,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )
+
+    def _finish_delta(
+        self,
+        request: Request,
+        reason: str,
+        text: str,
+        new_ids: list[int],
+        logprobs: list[list[tuple[int, float]]] | None = None,
+    ) -> StepDelta:
+        seq_id = request.request_id
+        first = self._next_index.pop(seq_id)
+        stream = self._streams.pop(seq_id)
+        group = self._groups[request.group_id]
+        if not any(s in self._streams for s in group):
+            del self._groups[request.group_id]
+        return StepDelta(
+            request_id=request.group_id,
+            sample_index=request.sample_index,
+            new_token_ids=new_ids,
+            text_delta=text,
+            first_index=first,
+            logprobs=logprobs,
+            finished=True,
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            text=stream.text,
+            num_output_tokens=first + len(new_ids),
+        )
+
+    # ------------------------------------------------------------------ whole batches
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in the order of `prompts`."""
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        ids = [f"generate-{next(self._ids)}" for _ in prompts]
+        results: dict[str, RequestOutput] = {}
+        for request_id, prompt, p in zip(ids, prompts, params):
+            num_prompt = self.add_request(request_id, prompt, p)
+            results[request_id] = RequestOutput(
+                request_id=request_id,
+                prompt_token_ids=self._encode(prompt) if num_prompt else [],
+                outputs=[CompletionOutput(index=k) for k in range(p.n)],
+            )
+        while self.has_unfinished_requests():
+            for delta in self.step():
+                out = results[delta.request_id].outputs[delta.sample_index]
+                out.token_ids.extend(delta.new_token_ids)
+                out.text += delta.text_delta
+                if delta.logprobs is not None:
+                    out.logprobs = (out.logprobs or []) + delta.logprobs
+                if delta.finished:
+                    out.finish_reason = delta.finish_reason
+        return [results[i] for i in ids]
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_kv_blocks_total=s.num_blocks_total,
+            num_kv_blocks_used=s.num_blocks_used,
+            num_kv_blocks_free=s.num_blocks_free,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            num_generated_tokens=self._num_generated_tokens,
+        )
+
+    def free_capacity(self) -> tuple[int, int]:
+        """(free sequence slots, free KV blocks): how much new work this engine can take at once."""
+        return self.scheduler.free_capacity()
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestRejected("this model has no chat template; send `prompt` instead of `messages`")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            **asdict(self.config),
+            "num_kv_blocks": self.num_kv_blocks,
+            "max_model_len": self.max_model_len,
+            "device": str(self.device),
+            "eos_token_ids": sorted(self.eos_token_ids),
+        }
+
+    # ------------------------------------------------------------------ helpers
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.spec.max_position_embeddings
+        wanted = self.config.max_model_len
+        if wanted is None:
+            return limit
+        if wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
+        return wanted
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            ids = list(prompt)
+            self._check_token_ids(ids, "prompt token ids")
+        if not ids:
+            raise RequestRejected("the prompt is empty")
+        return ids
+
+    def _check_token_ids(self, ids: list[int], what: str) -> None:
+        vocab = self.spec.vocab_size
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise RequestRejected(f"{what} must be ints in [0, {vocab}); got {t!r}")
+
+    def _already_done(self, request: Request) -> bool:
+        """A resumed request whose prior tokens already reached max_tokens needs no step."""
+        return request.num_output_tokens >= request.params.max_tokens
+
+
+def _tokenizer_eos(tokenizer: object) -> frozenset[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return frozenset([eos]) if isinstance(eos, int) else frozenset()

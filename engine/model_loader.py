@@ -1,0 +1,156 @@
+"""Load a HF checkpoint folder (or hub id) into our model code, plus a small frozen ModelSpec."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.attention.backend import get_attention_backend
+from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the rest of the engine needs to know about the model: sizes for the KV pool, ids for stopping."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+
+
+def resolve_model_dir(model: str | Path) -> Path:
+    """A local folder as is; otherwise a hub id fetched (or found in the local cache) by huggingface_hub."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as e:  # offline, unknown id, no network: one clear message
+        raise FileNotFoundError(
+            f"{model!r} is not a local folder and could not be fetched from the hub ({type(e).__name__}: {e})"
+        ) from e
+
+
+def resolve_dtype(dtype: str | torch.dtype, args: ModelArgs, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        # The checkpoint's dtype on CUDA; float32 on the CPU (bf16/fp16 matmuls there are slow or inexact).
+        return (args.torch_dtype or torch.float16) if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def read_eos_ids(model_dir: Path, args: ModelArgs) -> frozenset[int]:
+    ids = set(args.eos_token_ids)
+    gen = model_dir / "generation_config.json"
+    if gen.exists():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return frozenset(int(i) for i in ids)
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    return files
+
+
+def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+    """Copy every checkpoint tensor into our parameters; fused q/k/v and gate/up are filled by row range."""
+    params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens.weight
+    a = model.args
+    q, kv, inter = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
+    offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "gate": (0, inter), "up": (inter, inter)}
+    # Every (parameter, shard) we expect; filled ones are crossed off.
+    missing = {(n, s) for n in params for s in _shards(n)}
+    for file in _weight_files(model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for hf_name in f.keys():
+                mapped = map_weight_name(hf_name)
+                if mapped is None:
+                    continue
+                name, shard = mapped
+                if name == "lm_head.weight" and a.tie_word_embeddings:
+                    continue  # tied: the embedding is the head
+                if name not in params:
+                    raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the {a.family} model")
+                target = params[name].data
+                if shard is not None:
+                    start, size = offsets[shard]
+                    target = target.narrow(0, start, size)
+                tensor = f.get_tensor(hf_name)
+                if tensor.shape != target.shape:
+                    raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+                target.copy_(tensor)
+                missing.discard((name, shard))
+    if missing:
+        names = sorted(f"{n}[{s}]" if s else n for n, s in missing)
+        raise KeyError(f"weights missing from {model_dir}: {', '.join(names[:8])}" + (" ..." if len(names) > 8 else ""))
+
+
+def _shards(param_name: str) -> tuple[str | None, ...]:
+    if ".qkv_proj." in param_name:
+        return ("q", "k", "v")
+    if ".gate_up_proj." in param_name:
+        return ("gate", "up")
+    return (None,)
+
+
+def load_model(
+    model: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    attention_backend: str = "auto",
+) -> tuple[LlamaForCausalLM, ModelSpec]:
+    """Build our model for a HF checkpoint and load its weights. Returns (model in eval mode, spec)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    model_dir = resolve_model_dir(model)
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"no config.json in {model_dir}")
+    args = ModelArgs.from_hf(json.loads(config_path.read_text()))
+    torch_dtype = resolve_dtype(dtype, args, device)
+    # Built on the meta device (no random init, no memory), then materialised empty and filled from disk.
+    with torch.device("meta"):
+        net = build_model(args).to(torch_dtype)
+    net = net.to_empty(device=device)
+    if args.tie_word_embeddings:
+        net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
+    load_weights(net, model_dir)
+    net.attn_backend = get_attention_backend(attention_backend, device)
+    net.eval()
+    spec = ModelSpec(
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        head_dim=args.head_dim,
+        hidden_size=args.hidden_size,
+        vocab_size=args.vocab_size,
+        max_position_embeddings=args.max_position_embeddings,
+        dtype=torch_dtype,
+        eos_token_ids=read_eos_ids(model_dir, args),
+    )
+    return net, spec

@@ -1,0 +1,141 @@
+"""Our own view of a HF `config.json`: the few numbers the model code needs, parsed once, no transformers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# HF `architectures` entry -> our family name; the family decides bias and q/k-norm switches.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def supported_names() -> str:
+    return ", ".join(sorted(ARCHITECTURES)) + " (model_type " + ", ".join(sorted(MODEL_TYPES)) + ")"
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    rope_theta: float
+    # Normalised rope settings: {"rope_type": ..., plus that type's keys}; rope_theta lives above.
+    rope: dict[str, Any] = field(default_factory=dict)
+    torch_dtype: torch.dtype | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelArgs:
+        family = _family(cfg)
+        hidden = cfg["hidden_size"]
+        heads = cfg["num_attention_heads"]
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"hidden_act {cfg.get('hidden_act')!r} unsupported; only 'silu'")
+        theta, rope = _rope(cfg)
+        return cls(
+            family=family,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v bias; Llama/Qwen3 only when `attention_bias` says so.
+            qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            rope_theta=theta,
+            rope=rope,
+            torch_dtype=_dtype(cfg.get("torch_dtype") or cfg.get("dtype")),
+            eos_token_ids=_ids(cfg.get("eos_token_id")),
+        )
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    for arch in cfg.get("architectures") or []:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    if not cfg.get("architectures") and cfg.get("model_type") in MODEL_TYPES:
+        return cfg["model_type"]
+    named = cfg.get("architectures") or cfg.get("model_type")
+    raise UnsupportedModelError(f"unsupported model {named!r}; supported: {supported_names()}")
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Read transformers-5 `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+    params = dict(cfg.get("rope_parameters") or {})
+    # Some configs nest parameters per attention type ({"full_attention": {...}}).
+    if "full_attention" in params and isinstance(params["full_attention"], dict):
+        params = dict(params["full_attention"])
+    scaling = dict(cfg.get("rope_scaling") or {})
+    merged = {**scaling, **params}
+    theta = float(merged.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
+    kind = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
+    merged.pop("type", None)
+    if kind not in ROPE_TYPES:
+        raise UnsupportedModelError(f"rope type {kind!r} unsupported; supported: {', '.join(ROPE_TYPES)}")
+    return theta, {"rope_type": kind, **merged}
+
+
+def _dtype(name: Any) -> torch.dtype | None:
+    if not isinstance(name, str):
+        return None
+    return getattr(torch, name.removeprefix("torch."), None)
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (int(value),)
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """[head_dim // 2] float32 on the CPU (even under a meta-device context), same formulas as transformers."""
+    dim = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    kind = args.rope["rope_type"]
+    if kind == "linear":
+        return inv / args.rope["factor"]
+    if kind == "llama3":
+        return _llama3(inv, args.rope)
+    return inv
+
+
+def _llama3(inv: torch.Tensor, r: dict[str, Any]) -> torch.Tensor:
+    # Long wavelengths are divided by `factor`, short ones kept, the band between smoothly interpolated.
+    factor, low, high = r["factor"], r["low_freq_factor"], r["high_freq_factor"]
+    old_len = r["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)

@@ -1,0 +1,100 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over a flat ragged batch and a paged KV cache.
+
+Differences between the family members are two switches on `ModelArgs`: `qkv_bias` (Qwen2) and
+`qk_norm` (Qwen3: RMSNorm over each head of q and k before rotary).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.metadata import AttentionMetadata
+from engine.models.config import ModelArgs
+from engine.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, num_kv_heads, head_dim]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.scale = args.head_dim**-0.5
+        # q, k, v fused into one matmul; the loader fills the three row ranges from q_proj/k_proj/v_proj.
+        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv: KVCache,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        backend.write_kv(k, v, kv[0], kv[1], meta)
+        out = backend.forward(q, kv[0], kv[1], meta, self.scale)  # [T, heads, head_dim]
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
+
+    def forward(self, h, cos_sin, kv, meta, backend) -> torch.Tensor:  # h: [T, hidden]
+        h = h + self.self_attn(self.input_layernorm(h), cos_sin, kv, meta, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameter names follow HF's minus the `model.` prefix, except the fused `qkv_proj`/`gate_up_proj`."""
+
+    def __init__(self, args: ModelArgs, backend: AttentionBackend | None = None) -> None:
+        super().__init__()
+        self.args = args
+        # Set by the loader (or the runner); kept out of forward's signature so all callers share it.
+        self.attn_backend = backend
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.rotary = Rotary(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_caches: list[KVCache],  # one (k, v) per layer
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden], after the final norm
+        backend = self.attn_backend
+        if backend is None:
+            raise RuntimeError("model.attn_backend is not set")
+        cos_sin = self.rotary.cos_sin(positions)
+        h = self.embed_tokens(input_ids)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            h = layer(h, cos_sin, kv, meta, backend)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, vocab] float32
+        return self.lm_head(hidden).float()

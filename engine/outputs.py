@@ -1,0 +1,77 @@
+"""What the engine hands back: per-step deltas (`step()`) and whole results (`generate()`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# One generated token's log-probabilities: the sampled token first, then the top-k as (token_id, logprob).
+TokenLogprobs = list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class StepDelta:
+    """What one request (one sample of it) gained in one `step()`."""
+
+    request_id: str  # the user's id (shared by the samples of an n > 1 request)
+    sample_index: int
+    new_token_ids: list[int]
+    # Text decoded from the new tokens, held back while it could still be part of a stop string or of an
+    # unfinished UTF-8 character. The deltas of a sample concatenate to its final text.
+    text_delta: str
+    # Index of new_token_ids[0] among this sample's generated tokens (counts tokens emitted earlier,
+    # including those of a resumed request).
+    first_index: int
+    logprobs: list[TokenLogprobs] | None = None
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
+    num_prompt_tokens: int = 0
+    # Set on the finishing delta: the sample's whole text and token count (prior tokens of a resumed
+    # request included).
+    text: str | None = None
+    num_output_tokens: int = 0
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+
+    # The first sample's fields, for the common n == 1 case.
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_total: int
+    num_kv_blocks_used: int
+    num_kv_blocks_free: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of those, tokens found
+    num_preemptions: int
+    num_generated_tokens: int

@@ -1,0 +1,104 @@
+"""State of one sequence as the scheduler sees it: plain ints and lists, no torch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    # A sibling of an n > 1 group that waits for its parent's prefill to finish, then forks from it.
+    WAITING_FOR_FORK = "waiting_for_fork"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence to generate. For `n > 1` the engine makes n of these sharing a `group_id`.
+
+    `all_token_ids = prompt_token_ids + output_token_ids`; the scheduler computes KV for
+    `all_token_ids[:num_computed_tokens]` and, each step, feeds the next chunk of tokens whose KV is missing.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    # Smaller runs first under the "priority" policy; ties broken by arrival order.
+    priority: int = 0
+    # Which of the group's n samples this is (0 for n == 1).
+    sample_index: int = 0
+    # The user's request id; equals request_id when n == 1.
+    group_id: str = ""
+    # Tokens generated before this request was (re)submitted, e.g. by a worker that crashed; they count
+    # towards max_tokens and are part of the context, but are not emitted again.
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Tokens of the prompt found in the prefix cache at the last admission (for statistics).
+    num_cached_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    num_preemptions: int = 0
+    # prompt + output as one list, extended in place by append_output_token (see token_ids()).
+    _token_ids: list[int] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.group_id:
+            self.group_id = self.request_id
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self) -> list[int]:
+        """prompt + output without copying each step; callers must not mutate it."""
+        if self._token_ids is None or len(self._token_ids) != self.num_tokens:
+            self._token_ids = self.prompt_token_ids + self.output_token_ids
+        return self._token_ids
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        if self._token_ids is not None:
+            self._token_ids.append(token_id)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Context length this request can reach: prompt plus max_tokens."""
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)

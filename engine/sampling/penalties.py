@@ -1,0 +1,84 @@
+"""Logit penalties and masks that depend on a request's tokens so far.
+
+All functions edit `logits` in place; `logits` is [B, V] float32 with V = the tokenizer's vocab size
+(padding columns already cut off), and row i belongs to `requests[i]`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.request import Request
+
+
+def _token_matrix(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Pack ragged token lists into a [B, L] int64 tensor padded with `vocab_size` (an extra, dropped column).
+
+    Ids outside [0, vocab_size) are sent to the padding column too, so a bad id cannot index out of range.
+    """
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    ids[(ids < 0) | (ids > vocab_size)] = vocab_size
+    return ids.to(device)
+
+
+def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """counts: [B, V] float32, counts[i, t] = how often token t occurs in rows[i]."""
+    ids = _token_matrix(rows, vocab_size, device)  # [B, L] int64
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32, device=device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab_size]
+
+
+def needs_penalties(request: Request) -> bool:
+    p = request.params
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Repetition (HF), presence and frequency (OpenAI) penalties, vectorised over the batch.
+
+    repetition_penalty r over prompt + output tokens: a seen token's logit x becomes x / r if x > 0, else x * r.
+    presence p and frequency f over output tokens only: x -= f * count + p * (count > 0).
+    """
+    device = logits.device
+    vocab_size = logits.shape[1]
+    params = [r.params for r in requests]
+    rep = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device)[:, None]
+    if bool((rep != 1.0).any()):
+        seen = token_counts([r.all_token_ids for r in requests], vocab_size, device) > 0  # [B, V] bool
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits.copy_(torch.where(seen, penalised, logits))
+    freq = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device)[:, None]
+    pres = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device)[:, None]
+    if bool((freq != 0.0).any() or (pres != 0.0).any()):
+        counts = token_counts([r.output_token_ids for r in requests], vocab_size, device)  # [B, V] float32
+        logits -= freq * counts + pres * (counts > 0).float()
+
+
+def min_tokens_banned(request: Request, eos_token_ids: frozenset[int]) -> list[int]:
+    """Token ids this request may not produce yet because it has fewer than min_tokens outputs."""
+    p = request.params
+    if len(request.output_token_ids) >= p.min_tokens:
+        return []
+    banned = set(p.stop_token_ids)
+    if not p.ignore_eos:
+        banned |= eos_token_ids
+    return sorted(banned)
+
+
+def apply_min_tokens(logits: torch.Tensor, requests: list[Request], eos_token_ids: frozenset[int]) -> None:
+    """Set the logits of EOS (unless ignore_eos) and stop_token_ids to -inf while output < min_tokens."""
+    vocab_size = logits.shape[1]
+    rows: list[int] = []
+    cols: list[int] = []
+    for i, r in enumerate(requests):
+        for t in min_tokens_banned(r, eos_token_ids):
+            if t < vocab_size:
+                rows.append(i)
+                cols.append(t)
+    if rows:
+        logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = -float("inf")

@@ -1,0 +1,66 @@
+"""Per-request sampling parameters, validated once when a request is made."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SamplingParams(BaseModel):
+    """How to pick each next token of one request.
+
+    Names follow vLLM's so that clients can move between the two. Every field is validated here;
+    an invalid value raises `pydantic.ValidationError` naming the field.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: int = Field(1, ge=1, le=64)
+    max_tokens: int = Field(16, ge=1)
+    min_tokens: int = Field(0, ge=0)
+    # temperature 0 means greedy; below 1e-5 is treated as 0 as well.
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # 0 or -1 disables top-k.
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    ignore_eos: bool = False
+    # Number of top log-probabilities to return per generated token (the sampled one is always included).
+    logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids_non_negative(cls, value: list[int]) -> list[int]:
+        if any(t < 0 for t in value):
+            raise ValueError("token ids must be >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.n > 1 and self.is_greedy:
+            # n greedy samples would all be identical: almost certainly a mistake.
+            raise ValueError("n > 1 needs temperature > 0 (greedy samples would all be the same)")
+        return self
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-5

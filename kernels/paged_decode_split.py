@@ -1,0 +1,222 @@
+"""Split-KV decode: one query token per sequence, the context cut into `num_splits` slices.
+
+When num_seqs * num_kv_heads programs cannot fill the GPU (few sequences, long contexts), each
+sequence's context is split so more programs stream K/V at once:
+
+    partition kernel, grid (S, Hkv, num_splits):
+        split j covers cache blocks [j * tiles_per_split, (j + 1) * tiles_per_split)
+        -> m [S, Hq, splits] (running max, log2 domain), l [S, Hq, splits] (sum of exp2),
+           acc [S, Hq, splits, D] (un-normalised sum of p * v), all fp32
+    reduce kernel, grid (S, Hq):
+        M = max_j m_j;  w_j = exp2(m_j - M);  out = sum_j w_j acc_j / sum_j w_j l_j
+
+The partition loop runs `tiles_per_split` iterations, a scalar argument, with tiles past the
+sequence masked: no loop bound is loaded from memory (triton 3.6 + numpy 2.4 interpreter bug).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check, next_pow2
+from kernels.paged_attention import LOG2E, dot_settings, validate_attention_args
+
+MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, reduce) dominates
+MAX_SPLITS = 64
+WAVES = 2  # aim for ~2 programs per SM so one slow split does not leave the GPU idle
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """1 (no split) when num_seqs * num_kv_heads programs already cover the SMs; otherwise enough
+    splits for ~WAVES programs per SM, but never slices shorter than MIN_TOKENS_PER_SPLIT tokens."""
+    programs = num_seqs * num_kv_heads
+    if programs <= 0 or programs >= num_sms:
+        return 1
+    want = triton.cdiv(WAVES * num_sms, programs)
+    cap = max_seq_len // MIN_TOKENS_PER_SPLIT
+    return max(1, min(want, cap, MAX_SPLITS))
+
+
+@triton.jit
+def _decode_partition_kernel(
+    q_ptr,  # [S, Hq, D]
+    k_cache_ptr,  # [num_blocks, BLOCK_N, Hkv, D]
+    v_cache_ptr,
+    block_tables_ptr,  # [S, max_blocks] int32
+    seq_lens_ptr,  # [S] int32
+    m_ptr,  # [S, Hq, SPLITS] fp32
+    l_ptr,  # [S, Hq, SPLITS] fp32
+    acc_ptr,  # [S, Hq, SPLITS, BLOCK_D] fp32, contiguous
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    head_dim,
+    tiles_per_split,
+    num_q_heads,
+    SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    seq_tiles = tl.cdiv(seq_len, BLOCK_N)
+
+    g = tl.arange(0, BLOCK_M)  # rows: query heads of this KV head's group, padded to >= 16
+    row_ok = g < GROUP
+    head = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    q_rows = seq.to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    kv_col = kv_head.to(tl.int64) * stride_ch + n[:, None].to(tl.int64) * stride_cs + d[None, :]
+    first = split * tiles_per_split
+    for i in range(0, tiles_per_split):
+        tile = first + i
+        block = tl.load(table + tile, mask=tile < seq_tiles, other=0).to(tl.int64)
+        kv_pos = tile * BLOCK_N + n
+        kv_ok = kv_pos < seq_len
+        offs = block * stride_cb + kv_col
+        k = tl.load(k_cache_ptr + offs, mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + offs, mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        s = tl.where(kv_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    part = (seq.to(tl.int64) * num_q_heads + head) * SPLITS + split  # [BLOCK_M] index into [S, Hq, SPLITS]
+    tl.store(m_ptr + part, m_i, mask=row_ok)
+    tl.store(l_ptr + part, l_i, mask=row_ok)
+    tl.store(acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    m_ptr,  # [S, Hq, SPLITS] fp32
+    l_ptr,
+    acc_ptr,  # [S, Hq, SPLITS, BLOCK_D] fp32
+    out_ptr,  # [S, Hq, D]
+    stride_ot,
+    stride_oh,
+    num_q_heads,
+    head_dim,
+    SPLITS: tl.constexpr,
+    SPLITS_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    j = tl.arange(0, SPLITS_P)
+    j_ok = j < SPLITS
+    d = tl.arange(0, BLOCK_D)
+    base = (seq * num_q_heads + head) * SPLITS
+    m = tl.load(m_ptr + base + j, mask=j_ok, other=-1.0e30)
+    l_part = tl.load(l_ptr + base + j, mask=j_ok, other=0.0)
+    acc = tl.load(acc_ptr + (base + j)[:, None] * BLOCK_D + d[None, :], mask=j_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # splits with no keys: m = -1e30 -> w = 0
+    total = tl.sum(l_part * w, axis=0)
+    o = tl.sum(acc * w[:, None], axis=0) / total
+    o_ptrs = out_ptr + seq * stride_ot + head * stride_oh + d
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=d < head_dim)
+
+
+def paged_decode_split(
+    query: torch.Tensor,  # [S, Hq, D], one token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    seq_lens: torch.Tensor,  # [S] int32
+    max_seq_len: int,
+    scale: float,
+    num_splits: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs = seq_lens.shape[0]
+    check(query.shape[0] == num_seqs, f"decode query must have one token per sequence: {query.shape[0]} != {num_seqs}")
+    check(1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    check(
+        block_tables.shape[1] * block_size >= max_seq_len,
+        f"block_tables width {block_tables.shape[1]} x block_size {block_size} < max_seq_len {max_seq_len}",
+    )
+    if out is None:
+        out = torch.empty_like(query)
+    check(out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query")
+    if num_seqs == 0:
+        return out
+    num_q_heads = query.shape[1]
+    group = num_q_heads // num_kv_heads
+    block_d = max(16, next_pow2(head_dim))
+    tiles_per_split = triton.cdiv(triton.cdiv(max_seq_len, block_size), num_splits)
+    m = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=query.device)
+    l_part = torch.empty_like(m)
+    acc = torch.empty((num_seqs, num_q_heads, num_splits, block_d), dtype=torch.float32, device=query.device)
+    dot_fp32, precision = dot_settings(query.dtype)
+    _decode_partition_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        m,
+        l_part,
+        acc,
+        scale * LOG2E,
+        query.stride(0),
+        query.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        head_dim,
+        tiles_per_split,
+        num_q_heads,
+        SPLITS=num_splits,
+        GROUP=group,
+        BLOCK_M=max(16, next_pow2(group)),
+        BLOCK_N=block_size,
+        BLOCK_D=block_d,
+        DOT_FP32=dot_fp32,
+        PRECISION=precision,
+    )
+    _decode_reduce_kernel[(num_seqs, num_q_heads)](
+        m,
+        l_part,
+        acc,
+        out,
+        out.stride(0),
+        out.stride(1),
+        num_q_heads,
+        head_dim,
+        SPLITS=num_splits,
+        SPLITS_P=next_pow2(num_splits),
+        BLOCK_D=block_d,
+    )
+    return out
