@@ -103,7 +103,12 @@ def run_hf_static(model_dir: Path, jobs: list[Job], args: argparse.Namespace) ->
         new = max(j.max_tokens for j in batch)
         with torch.no_grad():
             model.generate(
-                ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
             )
         produced += sum(j.max_tokens for j in batch)
     elapsed = time.perf_counter() - start
@@ -128,9 +133,13 @@ def run_hf_continuous(model_dir: Path, jobs: list[Job], args: argparse.Namespace
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(j.max_tokens for j in jobs), eos_token_id=-1)
     produced = 0
     start = time.perf_counter()
-    with model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb) as mgr:
+    with model.continuous_batching_context_manager(
+        generation_config=gen, continuous_batching_config=cb
+    ) as mgr:
         for i, job in enumerate(jobs):
-            mgr.add_request(job.prompt_token_ids, request_id=f"r{i}", max_new_tokens=job.max_tokens, eos_token_id=-1)
+            mgr.add_request(
+                job.prompt_token_ids, request_id=f"r{i}", max_new_tokens=job.max_tokens, eos_token_id=-1
+            )
         for _ in jobs:
             result = mgr.get_result(timeout=600)
             if result is None:
@@ -149,14 +158,18 @@ SYSTEMS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--max-output", type=int, default=512)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-blocks", type=int, default=4096, help="KV pool in blocks of 16 tokens")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS)
+    )
     parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
@@ -177,10 +190,19 @@ def main() -> None:
     for name in args.systems.split(","):
         print(f"running {name} ...", flush=True)
         results[name] = SYSTEMS[name](model_dir, jobs, args)
-        print(f"  {name}: {results[name]['tokens_per_s']:.1f} output tok/s in {results[name]['seconds']:.1f} s", flush=True)
+        print(
+            f"  {name}: {results[name]['tokens_per_s']:.1f} output tok/s in {results[name]['seconds']:.1f} s",
+            flush=True,
+        )
 
     if "conveyor_continuous" in results:
-        prefix_jobs = make_workload(min(64, args.num_requests), max_prompt=args.max_prompt, max_output=32, shared_prefix=min(256, args.max_prompt // 2), seed=1)
+        prefix_jobs = make_workload(
+            min(64, args.num_requests),
+            max_prompt=args.max_prompt,
+            max_output=32,
+            shared_prefix=min(256, args.max_prompt // 2),
+            seed=1,
+        )
         results["shared_prefix_variant"] = run_conveyor(model_dir, prefix_jobs, args, "continuous")
     report = _report(results, args, jobs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +223,9 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
         ratios["kv_waste_at_peak"] = round(c["kv_waste_at_peak"], 4)
         ratios["outside_forward_share_at_full_batch"] = round(c["outside_forward_share_full_batch"], 4)
         if "shared_prefix_variant" in results:
-            ratios["prefix_cache_hit_rate_shared_prefix"] = round(results["shared_prefix_variant"]["prefix_cache_hit_rate"], 4)
+            ratios["prefix_cache_hit_rate_shared_prefix"] = round(
+                results["shared_prefix_variant"]["prefix_cache_hit_rate"], 4
+            )
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -222,7 +246,11 @@ def _chart(results: dict[str, dict], path: Path) -> None:
         return
     names = [n for n in SYSTEMS if n in results]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(names, [results[n]["tokens_per_s"] for n in names], color=["#2a7", "#7a2", "#888", "#aaa"][: len(names)])
+    ax.bar(
+        names,
+        [results[n]["tokens_per_s"] for n in names],
+        color=["#2a7", "#7a2", "#888", "#aaa"][: len(names)],
+    )
     ax.set_ylabel("output tokens/s")
     ax.set_title("Same workload, same max batch (CPU, fp32)")
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right")

@@ -1,9 +1,9 @@
 """Per-request block tables over one BlockPool, with prefix caching and copy-on-write forks.
 
-    block_size = 4, prompt = 10 tokens
-    tokens   [t0 t1 t2 t3][t4 t5 t6 t7][t8 t9 .  .]
-    table    [    7      ][     2     ][    9     ]     full blocks 7, 2 are hashed: h7 = H(None, t0..t3),
-                                                      h2 = H(h7, t4..t7); block 9 is partial, never hashed.
+block_size = 4, prompt = 10 tokens
+tokens   [t0 t1 t2 t3][t4 t5 t6 t7][t8 t9 .  .]
+table    [    7      ][     2     ][    9     ]     full blocks 7, 2 are hashed: h7 = H(None, t0..t3),
+                                                  h2 = H(h7, t4..t7); block 9 is partial, never hashed.
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ class KVBlockManager:
     def block_ids(self, request_id: str) -> list[int]:
         """The live table (do not mutate); empty when the request holds no blocks."""
         return self._tables.get(request_id, [])
+
+    def table_owners(self) -> set[str]:
+        return set(self._tables)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -43,6 +43,10 @@ class BlockPool:
     def num_cached(self) -> int:
         return len(self._cached)
 
+    def free_order(self) -> list[int]:
+        """Free block ids, next to be handed out first."""
+        return list(self._free)
+
     def take(self) -> KVBlock | None:
         """A block for new content (ref_cnt 1), evicting the least recently used one; None if all in use."""
         if not self._free:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from engine.stop_checker import StopChecker
+
 _REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT = 5
 
@@ -75,5 +77,49 @@ class IncrementalDetokenizer:
 
     def _emit(self, delta: str, end: int) -> str:
         self._prefix_offset, self._read_offset = self._read_offset, end
+        self.text += delta
+        return delta
+
+
+class TextStream:
+    """What the engine keeps per sample: detokenizer + stop checker.
+
+    `append` returns (text delta to send, stopped); after a stop the engine finishes the request with reason
+    "stop" and the text ends before the stop string. When the request ends otherwise, `finish()` returns the
+    rest. The deltas concatenate to `text`. With `prior_output_ids` (a resumed request) the prior tokens are
+    replayed silently, so the next deltas continue exactly where the previous worker's left off.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        prompt_token_ids: Sequence[int],
+        stop: list[str],
+        prior_output_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+    ):
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+        self._stops = StopChecker(stop)
+        self.text = ""
+        if prior_output_ids:
+            self.append(prior_output_ids)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stops.stopped
+
+    def append(self, token_ids: Sequence[int]) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        delta, stopped = self._stops.feed(self._detokenizer.add(token_ids))
+        self.text += delta
+        return delta, stopped
+
+    def finish(self) -> str:
+        if self.stopped:
+            return ""
+        delta, stopped = self._stops.feed(self._detokenizer.finish())
+        if not stopped:
+            delta += self._stops.flush()
         self.text += delta
         return delta

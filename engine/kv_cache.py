@@ -53,7 +53,11 @@ def num_blocks_for_budget(
 
 
 def allocate_kv_pool(
-    spec: ModelSpec, num_blocks: int, block_size: int, device: torch.device | str, dtype: torch.dtype | None = None
+    spec: ModelSpec,
+    num_blocks: int,
+    block_size: int,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     # Zeroed so that masked-out padding positions never hold NaN bit patterns (0 * NaN would leak).
     shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)

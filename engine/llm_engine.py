@@ -1,8 +1,8 @@
 """LLMEngine: the Python API the worker and users build on.
 
-    add_request ─▶ Scheduler.schedule() ─▶ ModelRunner.execute() ─▶ Scheduler.update_from_output()
-                                                                        │
-                    StepDelta (tokens, text delta, finish) ◀── TextStream (detokenize, stop strings)
+add_request ─▶ Scheduler.schedule() ─▶ ModelRunner.execute() ─▶ Scheduler.update_from_output()
+                                                                    │
+                StepDelta (tokens, text delta, finish) ◀── TextStream (detokenize, stop strings)
 """
 
 from __future__ import annotations
@@ -189,7 +189,9 @@ class LLMEngine:
             self.scheduler.finish_request(seq_id, RequestStatus.FINISHED_STOPPED)
         lp = [logprobs] if logprobs is not None else None
         if request.is_finished:
-            return self._finish_delta(request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp)
+            return self._finish_delta(
+                request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
+            )
         first = self._next_index[seq_id]
         self._next_index[seq_id] = request.num_output_tokens
         return StepDelta(
@@ -244,11 +246,11 @@ class LLMEngine:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         ids = [f"generate-{next(self._ids)}" for _ in prompts]
         results: dict[str, RequestOutput] = {}
-        for request_id, prompt, p in zip(ids, prompts, params):
-            num_prompt = self.add_request(request_id, prompt, p)
+        for request_id, prompt, p in zip(ids, prompts, params, strict=True):
+            self.add_request(request_id, prompt, p)
             results[request_id] = RequestOutput(
                 request_id=request_id,
-                prompt_token_ids=self._encode(prompt) if num_prompt else [],
+                prompt_token_ids=self.scheduler.get_request(self._groups[request_id][0]).prompt_token_ids,
                 outputs=[CompletionOutput(index=k) for k in range(p.n)],
             )
         while self.has_unfinished_requests():
@@ -281,6 +283,20 @@ class LLMEngine:
     def free_capacity(self) -> tuple[int, int]:
         """(free sequence slots, free KV blocks): how much new work this engine can take at once."""
         return self.scheduler.free_capacity()
+
+    def kv_waste(self) -> tuple[int, int]:
+        """(allocated but unwritten KV slots, allocated KV slots) over the running sequences right now.
+
+        A block shared by several sequences is counted once, with the most tokens any of them wrote in it.
+        """
+        block_size = self.config.block_size
+        written: dict[int, int] = {}
+        for request in self.scheduler.running:
+            for i, block_id in enumerate(self.scheduler.kv.block_ids(request.request_id)):
+                filled = min(block_size, max(0, request.num_computed_tokens - i * block_size))
+                written[block_id] = max(written.get(block_id, 0), filled)
+        allocated = len(written) * block_size
+        return allocated - sum(written.values()), allocated
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         if not getattr(self.tokenizer, "chat_template", None):

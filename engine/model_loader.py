@@ -38,7 +38,9 @@ def resolve_model_dir(model: str | Path) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+        return Path(
+            snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+        )
     except Exception as e:  # offline, unknown id, no network: one clear message
         raise FileNotFoundError(
             f"{model!r} is not a local folder and could not be fetched from the hub ({type(e).__name__}: {e})"
@@ -101,12 +103,16 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
                     target = target.narrow(0, start, size)
                 tensor = f.get_tensor(hf_name)
                 if tensor.shape != target.shape:
-                    raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+                    raise ValueError(
+                        f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
+                    )
                 target.copy_(tensor)
                 missing.discard((name, shard))
     if missing:
         names = sorted(f"{n}[{s}]" if s else n for n, s in missing)
-        raise KeyError(f"weights missing from {model_dir}: {', '.join(names[:8])}" + (" ..." if len(names) > 8 else ""))
+        raise KeyError(
+            f"weights missing from {model_dir}: {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
+        )
 
 
 def _shards(param_name: str) -> tuple[str | None, ...]:

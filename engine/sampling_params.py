@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class SamplingParams(BaseModel):
@@ -52,14 +52,23 @@ class SamplingParams(BaseModel):
             raise ValueError("token ids must be >= 0")
         return value
 
-    @model_validator(mode="after")
-    def _consistent(self) -> SamplingParams:
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.n > 1 and self.is_greedy:
+    # Cross-field checks are field validators on the later field (fields validate in declaration order, so
+    # `info.data` holds the earlier ones) so that the ValidationError names a field; a model validator's has loc ().
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_le_max(cls, value: int, info: ValidationInfo) -> int:
+        max_tokens = info.data.get("max_tokens")
+        if max_tokens is not None and value > max_tokens:
+            raise ValueError(f"min_tokens ({value}) must not exceed max_tokens ({max_tokens})")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _n_needs_sampling(cls, value: float, info: ValidationInfo) -> float:
+        if info.data.get("n", 1) > 1 and value < 1e-5:
             # n greedy samples would all be identical: almost certainly a mistake.
             raise ValueError("n > 1 needs temperature > 0 (greedy samples would all be the same)")
-        return self
+        return value
 
     @property
     def is_greedy(self) -> bool:

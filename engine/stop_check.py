@@ -7,7 +7,9 @@ from collections.abc import Collection
 from engine.request import Request, RequestStatus
 
 
-def check_stop(request: Request, token_id: int, eos_token_ids: Collection[int], max_model_len: int) -> RequestStatus | None:
+def check_stop(
+    request: Request, token_id: int, eos_token_ids: Collection[int], max_model_len: int
+) -> RequestStatus | None:
     """The finished status for `request` whose last output is `token_id`, or None to continue.
 
     A stop token wins over a length limit reached by the same token, so the reason names the stronger cause.

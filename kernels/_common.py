@@ -25,6 +25,11 @@ def check(cond: bool, msg: str) -> None:
 
 def check_cache(name: str, cache: torch.Tensor) -> None:
     """k/v cache: [num_blocks, block_size, num_kv_heads, head_dim], last dim contiguous."""
-    check(cache.dim() == 4, f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(cache.shape)}")
+    check(
+        cache.dim() == 4,
+        f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(cache.shape)}",
+    )
     check(cache.dtype in FLOAT_DTYPES, f"{name} dtype must be fp16/bf16/fp32, got {cache.dtype}")
-    check(cache.stride(3) == 1, f"{name} last dim (head_dim) must be contiguous, got strides {cache.stride()}")
+    check(
+        cache.stride(3) == 1, f"{name} last dim (head_dim) must be contiguous, got strides {cache.stride()}"
+    )

@@ -22,6 +22,9 @@ import triton.language as tl
 from kernels._common import check, check_cache, interpreting, next_pow2
 
 LOG2E = 1.4426950408889634
+# Loop to a host-side bound with masked tiles when interpreting: triton 3.6 + numpy 2.4 cannot run an
+# interpreted loop whose bound was loaded from memory (triton#9171). Tests flip it to cover both paths.
+LOOP_BOUND_FROM_ARG = interpreting()
 
 
 @triton.jit
@@ -43,6 +46,7 @@ def _paged_attention_kernel(
     stride_ch,
     stride_bt,
     head_dim,
+    max_tiles,  # cdiv(max_seq_len, BLOCK_N): host-side loop bound, used when LOOP_FROM_ARG
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -50,6 +54,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    LOOP_FROM_ARG: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
     seq = tl.program_id(0)
@@ -86,9 +91,14 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n = tl.arange(0, BLOCK_N)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    kv_col = kv_head * stride_ch + n[:, None] * stride_cs + d[None, :]  # [N, D]
-    for tile in range(0, num_tiles):
-        block = tl.load(table + tile)
+    kv_col = kv_head.to(tl.int64) * stride_ch + n[:, None].to(tl.int64) * stride_cs + d[None, :]  # [N, D]
+    # Compiled: stop at this q block's last tile. Interpreted: scalar bound, extra tiles masked.
+    if LOOP_FROM_ARG:
+        loop_end = max_tiles
+    else:
+        loop_end = num_tiles
+    for tile in range(0, loop_end):
+        block = tl.load(table + tile, mask=tile < num_tiles, other=0).to(tl.int64)
         kv_pos = tile * BLOCK_N + n  # [BLOCK_N]
         kv_mask = (kv_pos < kv_end)[:, None] & d_ok[None, :]
         offs = block * stride_cb + kv_col
@@ -129,11 +139,17 @@ def validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens) -> 
         query.shape[1] % num_kv_heads == 0,
         f"num_q_heads {query.shape[1]} must be a multiple of num_kv_heads {num_kv_heads}",
     )
-    check(block_tables.dtype == torch.int32 and block_tables.dim() == 2, "block_tables must be int32 [S, max_blocks]")
+    check(
+        block_tables.dtype == torch.int32 and block_tables.dim() == 2,
+        "block_tables must be int32 [S, max_blocks]",
+    )
     check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     check(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1, "seq_lens must be int32 [S]")
     check(block_tables.shape[0] == seq_lens.shape[0], "block_tables and seq_lens disagree on num_seqs")
-    check(k_cache.shape[1] >= 16 and k_cache.shape[1] == next_pow2(k_cache.shape[1]), "block_size must be a power of two >= 16")
+    check(
+        k_cache.shape[1] >= 16 and k_cache.shape[1] == next_pow2(k_cache.shape[1]),
+        "block_size must be a power of two >= 16",
+    )
     devices = {t.device for t in (query, k_cache, v_cache, block_tables, seq_lens)}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
 
@@ -171,7 +187,9 @@ def paged_attention(
     )
     if out is None:
         out = torch.empty_like(query)
-    check(out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query")
+    check(
+        out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query"
+    )
     if num_seqs == 0 or max_query_len == 0:
         return out
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -202,6 +220,7 @@ def paged_attention(
         k_cache.stride(2),
         block_tables.stride(0),
         head_dim,
+        triton.cdiv(max_seq_len, block_size),
         GROUP=group,
         GROUP_P=group_p,
         BLOCK_Q=block_q,
@@ -209,6 +228,7 @@ def paged_attention(
         BLOCK_D=max(16, next_pow2(head_dim)),
         DOT_FP32=dot_fp32,
         PRECISION=precision,
+        LOOP_FROM_ARG=LOOP_BOUND_FROM_ARG,
     )
     return out
 

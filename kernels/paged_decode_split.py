@@ -159,7 +159,10 @@ def paged_decode_split(
 ) -> torch.Tensor:
     validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens)
     num_seqs = seq_lens.shape[0]
-    check(query.shape[0] == num_seqs, f"decode query must have one token per sequence: {query.shape[0]} != {num_seqs}")
+    check(
+        query.shape[0] == num_seqs,
+        f"decode query must have one token per sequence: {query.shape[0]} != {num_seqs}",
+    )
     check(1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     check(
@@ -168,7 +171,9 @@ def paged_decode_split(
     )
     if out is None:
         out = torch.empty_like(query)
-    check(out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query")
+    check(
+        out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query"
+    )
     if num_seqs == 0:
         return out
     num_q_heads = query.shape[1]

@@ -78,7 +78,9 @@ def plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
         mask = None
         if q != n:  # cached context before this chunk: query i sees keys 0 .. n - q + i
             mask = torch.arange(q, device=dev)[:, None] + (n - q) >= pos[None, :]
-        prefills.append(_Prefill(starts[s], starts[s] + q, _slots(meta.block_tables[s], pos, block_size), mask))
+        prefills.append(
+            _Prefill(starts[s], starts[s] + q, _slots(meta.block_tables[s], pos, block_size), mask)
+        )
     return _StepPlan(meta, rows, wslots, dec_rows, dec_slots, dec_mask, prefills)
 
 
@@ -110,11 +112,12 @@ class TorchAttentionBackend:
         kv_heads = k_cache.shape[2]
         kf, vf = k_cache.view(-1, kv_heads, d), v_cache.view(-1, kv_heads, d)
         if p.decode_slots is not None:
-            q = query if p.decode_rows is None else query[p.decode_rows]
-            b = q.shape[0]
+            b = p.decode_slots.shape[0]
+            q = query[:b] if p.decode_rows is None else query[p.decode_rows]
             q = q.view(b, kv_heads, heads // kv_heads, d)  # [B, kv_heads, G, D]
-            k = kf[p.decode_slots].transpose(1, 2)  # [B, kv_heads, L_max, D]
-            v = vf[p.decode_slots].transpose(1, 2)
+            flat = p.decode_slots.view(-1)  # index_select: several times faster than kf[2-D index] on CPU
+            k = kf.index_select(0, flat).view(b, -1, kv_heads, d).transpose(1, 2)  # [B, kv_heads, L_max, D]
+            v = vf.index_select(0, flat).view(b, -1, kv_heads, d).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.decode_mask, scale=scale)
             o = o.reshape(b, heads, d)
             if b == t:  # pure decode step, no padding rows: nothing to scatter
@@ -126,8 +129,8 @@ class TorchAttentionBackend:
 
         for pf in p.prefills:
             q = query[pf.start : pf.end].transpose(0, 1)  # [heads, q_len, D]
-            k = kf[pf.slots].transpose(0, 1)  # [kv_heads, seq_len, D]
-            v = vf[pf.slots].transpose(0, 1)
+            k = kf.index_select(0, pf.slots).transpose(0, 1)  # [kv_heads, seq_len, D]
+            v = vf.index_select(0, pf.slots).transpose(0, 1)
             o = F.scaled_dot_product_attention(
                 q[None],
                 k[None],

@@ -6,31 +6,26 @@ All functions edit `logits` in place; `logits` is [B, V] float32 with V = the to
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from engine.request import Request
 
 
-def _token_matrix(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """Pack ragged token lists into a [B, L] int64 tensor padded with `vocab_size` (an extra, dropped column).
-
-    Ids outside [0, vocab_size) are sent to the padding column too, so a bad id cannot index out of range.
-    """
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), max(width, 1)), vocab_size, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-    ids[(ids < 0) | (ids > vocab_size)] = vocab_size
-    return ids.to(device)
-
-
 def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """counts: [B, V] float32, counts[i, t] = how often token t occurs in rows[i]."""
-    ids = _token_matrix(rows, vocab_size, device)  # [B, L] int64
-    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32, device=device)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
-    return counts[:, :vocab_size]
+    """counts: [B, V] float32, counts[i, t] = how often token t occurs in rows[i] (ids outside [0, V) ignored).
+
+    One flat host-to-device copy and one index_add over `row * V + id`, whatever the row lengths.
+    """
+    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.int64)  # [sum(L)]
+    row = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([len(r) for r in rows]))  # [sum(L)]
+    keep = (flat >= 0) & (flat < vocab_size)
+    index = (row[keep] * vocab_size + flat[keep]).to(device)
+    counts = torch.zeros(len(rows) * vocab_size, dtype=torch.float32, device=device)  # [B * V]
+    ones = torch.ones(index.shape, dtype=torch.float32, device=device)
+    counts.index_add_(0, index, ones)  # sums of ones: exact, whatever the order
+    return counts.view(len(rows), vocab_size)
 
 
 def needs_penalties(request: Request) -> bool:
@@ -50,8 +45,8 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     rep = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device)[:, None]
     if bool((rep != 1.0).any()):
         seen = token_counts([r.all_token_ids for r in requests], vocab_size, device) > 0  # [B, V] bool
-        penalised = torch.where(logits > 0, logits / rep, logits * rep)
-        logits.copy_(torch.where(seen, penalised, logits))
+        factor = torch.where(logits > 0, 1.0 / rep, rep)  # [B, V] float32
+        logits.mul_(torch.where(seen, factor, 1.0))
     freq = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device)[:, None]
     pres = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device)[:, None]
     if bool((freq != 0.0).any() or (pres != 0.0).any()):
@@ -81,4 +76,6 @@ def apply_min_tokens(logits: torch.Tensor, requests: list[Request], eos_token_id
                 rows.append(i)
                 cols.append(t)
     if rows:
-        logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = -float("inf")
+        logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = -float(
+            "inf"
+        )

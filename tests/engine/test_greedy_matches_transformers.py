@@ -85,7 +85,11 @@ def test_tiny_pool_preempts(arch_case):
 def test_prefix_caching_on_and_off(arch_case, prefix_caching):
     model_dir, prompts, expected = arch_case
     engine = LLMEngine(
-        model_dir, block_size=16, dtype="float32", device="cpu", num_kv_blocks=256,
+        model_dir,
+        block_size=16,
+        dtype="float32",
+        device="cpu",
+        num_kv_blocks=256,
         enable_prefix_caching=prefix_caching,
     )
     first = [o.token_ids for o in engine.generate(prompts, GREEDY)]

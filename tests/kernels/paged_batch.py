@@ -80,7 +80,7 @@ def make_batch(
     query = torch.randn(total, num_q_heads, head_dim, generator=gen).to(dtype)
     starts = [0]
     slots = []
-    for s, (q, n) in enumerate(zip(q_lens, s_lens)):
+    for s, (q, n) in enumerate(zip(q_lens, s_lens, strict=True)):
         starts.append(starts[-1] + q)
         for pos in range(n - q, n):
             slots.append(int(tables[s, pos // block_size]) * block_size + pos % block_size)

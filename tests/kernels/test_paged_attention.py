@@ -2,6 +2,7 @@ import pytest
 import torch
 from paged_batch import DEVICE, assert_close, make_batch
 
+import kernels.paged_attention as pa
 from kernels.paged_attention import paged_attention, paged_attention_ref
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -55,6 +56,15 @@ def test_sweep_mixed_batch(heads, head_dim, block_size):
     assert_close(paged_attention(*args), paged_attention_ref(*args))
 
 
+@pytest.mark.parametrize("from_arg", [True, False])
+def test_both_loop_bound_modes(monkeypatch, from_arg):
+    # GPUs loop to the bound loaded from seq_lens, the interpreter to a host-side bound: run both here.
+    monkeypatch.setattr(pa, "LOOP_BOUND_FROM_ARG", from_arg)
+    batch = make_batch(*SCENARIOS["mixed"], 8, 2, 80, 16, F32)
+    args = batch.attention_args(0.1)
+    assert_close(paged_attention(*args), paged_attention_ref(*args))
+
+
 def test_writes_into_out_and_leaves_padding_rows():
     batch = make_batch([3, 1], [10, 20], 4, 2, 64, 16, F32)
     args = batch.attention_args(0.125)
@@ -90,7 +100,7 @@ def test_launcher_rejects_bad_arguments(mutate, match):
     batch = make_batch([2, 1], [2, 9], 4, 2, 64, 16, F16)
     names = ["query", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc"]
     names += ["max_query_len", "max_seq_len", "scale"]
-    args = dict(zip(names, batch.attention_args(0.125)))
+    args = dict(zip(names, batch.attention_args(0.125), strict=True))
     mutate(args)
     with pytest.raises(ValueError, match=match):
         paged_attention(**args)
@@ -100,6 +110,7 @@ def test_launcher_rejects_bad_arguments(mutate, match):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype,hq,hkv,head_dim,block_size", [(F16, 32, 8, 128, 16), (BF16, 28, 4, 80, 32)])
 def test_real_sizes_cuda(dtype, hq, hkv, head_dim, block_size):
+    torch.manual_seed(0)
     q_lens = [1] * 24 + [300, 1000, 37]
     s_lens = [int(x) for x in torch.randint(1, 3000, (24,))] + [300, 2500, 1037]
     batch = make_batch(q_lens, s_lens, hq, hkv, head_dim, block_size, dtype)

@@ -50,3 +50,18 @@ def test_heuristic():
     assert choose_num_splits(1, 1, 10**6, 132) == MAX_SPLITS
     assert choose_num_splits(1, 8, 100, 132) == 1
     assert choose_num_splits(0, 8, 100, 132) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,head_dim,block_size", [(BF16, 128, 16), (F16, 96, 32)])
+def test_real_sizes_cuda(dtype, head_dim, block_size):
+    s_lens = [8192, 5000, 131, 7777]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_num_splits(len(s_lens), 8, max(s_lens), sms)
+    batch = make_batch([1] * len(s_lens), s_lens, 32, 8, head_dim, block_size, dtype)
+    out = paged_decode_split(
+        batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+        batch.max_seq_len, head_dim**-0.5, splits,
+    )  # fmt: skip
+    assert_close(out, paged_attention_ref(*batch.attention_args(head_dim**-0.5)))

@@ -37,7 +37,14 @@ def _reference(batch, query, key, value, meta, scale):
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     write_kv_ref(key, value, k_cache, v_cache, meta.slot_mapping)
     real = sum(meta.query_lens_cpu)
-    args = (meta.block_tables, meta.seq_lens, meta.query_start_loc, meta.max_query_len, meta.max_seq_len, scale)
+    args = (
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        meta.max_query_len,
+        meta.max_seq_len,
+        scale,
+    )
     return k_cache, v_cache, paged_attention_ref(query[:real], k_cache, v_cache, *args)
 
 

@@ -1,0 +1,106 @@
+"""End-to-end output tokens/s on a GPU: the same seeded workload through LLMEngine with the Triton and
+the torch attention backends (bf16), in the style of benchmarks/throughput.py.
+
+    python benchmarks/gpu_e2e.py                    # CUDA: 256 requests, batch 64
+    python benchmarks/gpu_e2e.py --dry-run          # CPU, fp32, Triton interpreter, 2 tiny requests
+
+Writes JSON to benchmarks/results/gpu_e2e.json (gpu_e2e-dry-run.json for --dry-run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if "--dry-run" in sys.argv:  # must precede any triton kernel import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
+from engine import LLMEngine, SamplingParams  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run(model_dir: Path, jobs, backend: str, a: argparse.Namespace) -> dict:
+    engine = LLMEngine(
+        str(model_dir),
+        max_num_seqs=a.max_batch,
+        max_num_batched_tokens=a.max_batched_tokens,
+        num_kv_blocks=a.kv_blocks,
+        block_size=16,
+        dtype=a.dtype,
+        device=a.device,
+        attention_backend=backend,
+    )
+    for i, job in enumerate(jobs):
+        params = SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True)
+        engine.add_request(f"r{i}", job.prompt_token_ids, params)
+    tokens: dict[str, list[int]] = {}
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for d in engine.step():
+            tokens.setdefault(f"{d.request_id}/{d.sample_index}", []).extend(d.new_token_ids)
+    if a.device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    produced = sum(len(t) for t in tokens.values())
+    return {
+        "output_tokens": produced,
+        "seconds": elapsed,
+        "tokens_per_s": produced / elapsed,
+        "tokens": tokens,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--max-output", type=int, default=512)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=4096)
+    p.add_argument("--kv-blocks", type=int, default=8192)
+    p.add_argument("--backends", default="triton,torch")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
+    a = p.parse_args()
+    a.device, a.dtype = ("cpu", "float32") if a.dry_run else ("cuda", "bfloat16")
+    if a.dry_run:
+        a.num_requests, a.max_prompt, a.max_output, a.max_batch, a.kv_blocks = 2, 20, 2, 2, 16
+    torch.manual_seed(0)
+    model_dir = bench_model_dir(a.model_cache)
+    jobs = make_workload(
+        a.num_requests, min_prompt=min(16, a.max_prompt), max_prompt=a.max_prompt, max_output=a.max_output
+    )
+    results = {}
+    for backend in a.backends.split(","):
+        results[backend] = run(model_dir, jobs, backend, a)
+        print(
+            f"{backend}: {results[backend]['tokens_per_s']:.1f} output tok/s in {results[backend]['seconds']:.1f} s"
+        )
+    if len(results) > 1:
+        # Greedy decoding: backends should agree token for token (bf16 may flip rare near-ties).
+        first = next(iter(results.values()))["tokens"]
+        same = {b: sum(r["tokens"][k] == first[k] for k in first) / len(first) for b, r in results.items()}
+        print(f"share of requests with identical tokens vs {next(iter(results))}: {same}")
+        results["identical_share"] = same
+    for r in results.values():
+        r.pop("tokens", None)
+    out = RESULTS / ("gpu_e2e-dry-run.json" if a.dry_run else "gpu_e2e.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": results}, indent=2)
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Back-of-the-envelope capacity plan from config.json alone: weights, KV per token, blocks, concurrency.
+
+    KV bytes per token = num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
+    blocks             = (memory - weights - activation reserve) // (block_size * KV bytes per token)
+    concurrent seqs    = blocks // ceil(min(seq_len, max_model_len) / block_size)
+
+The activation reserve is an estimate of one step's transient tensors: for every batched token the
+hidden state, residual, qkv and the gate/up output (`tokens * (2*hidden + qkv_width + 2*intermediate)`
+elements in the model dtype), plus float32 logits for every sampled row (`max_num_seqs * vocab * 4`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Plan:
+    num_params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes_per_block: int
+    activation_reserve_bytes: int
+    memory_bytes: int
+    kv_budget_bytes: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    dtype: str
+    # seq_len -> how many sequences of that length fit in the KV pool at once
+    concurrency: dict[int, int]
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def count_params(cfg: dict) -> int:
+    """Parameters of a Llama-family config (q/k/v/o, gated MLP, norms, embeddings, optional untied head)."""
+    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    d = cfg.get("head_dim") or h // heads
+    qkv = (heads + 2 * kv_heads) * d
+    qwen2 = cfg.get("model_type") == "qwen2"
+    bias = qkv if qwen2 or cfg.get("attention_bias") else 0
+    qk_norm = 2 * d if cfg.get("model_type") == "qwen3" else 0
+    layer = h * qkv + bias + heads * d * h + 3 * h * inter + 2 * h + qk_norm
+    head = 0 if cfg.get("tie_word_embeddings") else vocab * h
+    return vocab * h + cfg["num_hidden_layers"] * layer + h + head
+
+
+def plan(
+    config_path_or_dir: str | Path,
+    memory_bytes: int,
+    max_model_len: int | None = None,
+    dtype: str = "bfloat16",
+    block_size: int = 16,
+    seq_lens: Sequence[int] = (512, 2048, 8192),
+    *,
+    max_num_batched_tokens: int = 2048,
+    max_num_seqs: int = 64,
+) -> Plan:
+    path = Path(config_path_or_dir)
+    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    if dtype not in _ITEMSIZE:
+        raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
+    item = _ITEMSIZE[dtype]
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    d = cfg.get("head_dim") or h // heads
+    params = count_params(cfg)
+    weights = params * item
+    per_token = cfg["num_hidden_layers"] * 2 * kv_heads * d * item
+    per_block = per_token * block_size
+    qkv = (heads + 2 * kv_heads) * d
+    reserve = max_num_batched_tokens * (2 * h + qkv + 2 * cfg["intermediate_size"]) * item
+    reserve += max_num_seqs * cfg["vocab_size"] * 4
+    budget = max(0, memory_bytes - weights - reserve)
+    blocks = budget // per_block
+    model_len = max_model_len or cfg.get("max_position_embeddings", 2048)
+    concurrency = {n: blocks // math.ceil(min(n, model_len) / block_size) for n in seq_lens}
+    return Plan(
+        num_params=params,
+        weight_bytes=weights,
+        kv_bytes_per_token=per_token,
+        kv_bytes_per_block=per_block,
+        activation_reserve_bytes=reserve,
+        memory_bytes=memory_bytes,
+        kv_budget_bytes=budget,
+        num_blocks=blocks,
+        block_size=block_size,
+        max_model_len=model_len,
+        dtype=dtype,
+        concurrency=concurrency,
+    )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError
+
+
+def format_plan(p: Plan) -> str:
+    lines = [
+        f"parameters          {p.num_params / 1e9:.3f} B  ({p.dtype}: weights {_size(p.weight_bytes)})",
+        f"KV per token        {_size(p.kv_bytes_per_token)}",
+        f"KV per block        {_size(p.kv_bytes_per_block)}  (block_size {p.block_size})",
+        f"memory budget       {_size(p.memory_bytes)}",
+        f"activation reserve  {_size(p.activation_reserve_bytes)}  (one step's transient tensors + fp32 logits)",
+        f"KV pool             {_size(p.kv_budget_bytes)} -> {p.num_blocks} blocks = {p.kv_tokens} tokens",
+        f"max_model_len       {p.max_model_len}",
+    ]
+    if p.num_blocks == 0:
+        lines.append("WARNING: the weights and reserve leave no room for the KV cache")
+    for n, k in p.concurrency.items():
+        lines.append(f"sequences of {n:>6} tokens at once: {k}")
+    return "\n".join(lines)

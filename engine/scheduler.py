@@ -1,0 +1,345 @@
+"""Iteration-level scheduler: one token budget per step, running requests first, then admissions.
+
+Each step every running request is offered `num_tokens - num_computed_tokens` new tokens (a decode is 1,
+a prefill chunk is whatever the budget leaves), so chunked prefill, decode and recompute after
+preemption are one rule. When the pool runs dry the last request of `running` is preempted: `running`
+is kept in admission order (FCFS) or by (priority, arrival) so that request is always the least
+deserving one, and it has not been scheduled yet in this step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.block_manager import KVBlockManager
+from engine.config import SchedulerConfig
+from engine.errors import RequestRejected
+from engine.request import Request, RequestStatus
+from engine.request_queue import make_queue
+from engine.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from engine.stop_check import check_stop
+
+__all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
+
+_RUNNING = RequestStatus.RUNNING
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    num_blocks_total: int
+    num_blocks_used: int
+    num_blocks_free: int
+    num_cached_blocks: int
+    prefix_cache_queries: int  # tokens looked up on admission
+    prefix_cache_hits: int  # of those, tokens found
+    num_preemptions: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int]) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.kv = KVBlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # Every unfinished request by id (the runner reads sampling parameters from here).
+        self.requests: dict[str, Request] = {}
+        self.waiting = make_queue(config.policy)
+        self.running: list[Request] = []
+        # Parent request id -> siblings waiting to fork from its first sampled step.
+        self._forks: dict[str, list[Request]] = {}
+        # Group id -> its sample-0 request while siblings may still fork from it.
+        self._parents: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def check_request(self, request: Request) -> None:
+        """Raise RequestRejected when the request could never run, whatever else is queued."""
+        cfg = self.config
+        if request.num_prompt_tokens == 0:
+            raise RequestRejected("the prompt is empty")
+        total = request.max_total_tokens
+        if total > cfg.max_model_len:
+            raise RequestRejected(
+                f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) = "
+                f"{total} exceeds max_model_len ({cfg.max_model_len})"
+            )
+        blocks = self.kv.blocks_needed(total)
+        if blocks > cfg.num_blocks:
+            raise RequestRejected(
+                f"{total} tokens need {blocks} KV blocks of {cfg.block_size} tokens, but the whole pool has "
+                f"{cfg.num_blocks}"
+            )
+
+    def add_request(self, request: Request) -> None:
+        self.check_request(request)
+        if request.request_id in self.requests:
+            raise RequestRejected(f"request id {request.request_id!r} is already queued")
+        self.requests[request.request_id] = request
+        fresh = request.num_output_tokens == 0
+        if request.sample_index == 0:
+            if fresh and request.params.n > 1:
+                self._parents[request.group_id] = request
+        elif fresh and (parent := self._parents.get(request.group_id)) is not None:
+            request.status = RequestStatus.WAITING_FOR_FORK
+            self._forks.setdefault(parent.request_id, []).append(request)
+            return
+        request.status = RequestStatus.WAITING
+        self.waiting.add(request)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> bool:
+        """End a request from outside (a stop string matched, or an abort); frees its blocks now."""
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, status)
+        return True
+
+    def abort_request(self, request_id: str) -> bool:
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        step = _Step()
+        running = self.running
+        was_running = bool(running)
+
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, n, step):
+                break  # it was the last one, and preempted itself
+            self._schedule(request, n, step)
+            budget -= n
+            i += 1
+
+        # Static batching: a new batch only once the last one is gone; its own preempted members may return.
+        batch_open = cfg.scheduling == "static" and was_running
+        num_seqs = len(running) + len(step.forked) + self._reserved_fork_slots()
+        while self.waiting and budget > 0 and num_seqs < cfg.max_num_seqs and not step.preempted:
+            request = self.waiting.peek()
+            if batch_open and request.status != RequestStatus.PREEMPTED:
+                break
+            cached = self.kv.get_computed_blocks(request)
+            n = min(request.num_tokens - cached.num_tokens, budget)
+            if self.kv.allocate_slots(request, n, cached) is None:
+                break
+            self.waiting.pop()
+            request.status = _RUNNING
+            request.num_computed_tokens = request.num_cached_tokens = cached.num_tokens
+            self._add_running(request)
+            num_seqs += 1 + len(self._forks.get(request.request_id, ()))
+            self._schedule(request, n, step)
+            budget -= n
+
+        for sibling in step.forked:
+            self._add_running(sibling)
+        for sibling in reversed(step.unforked):
+            sibling.status = RequestStatus.WAITING
+            self.waiting.add_front(sibling)
+        return SchedulerOutput(
+            sequences=step.sequences,
+            num_batched_tokens=cfg.max_num_batched_tokens - budget,
+            block_copies=step.copies,
+            preempted_ids=step.preempted,
+        )
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
+    ) -> list[Request]:
+        """Advance computed tokens, append samples, decide who finished. Returns, in batch order, the
+        requests that got a token this step (finished ones included; they already left `running`)."""
+        sampled = runner_output.sampled_token_ids
+        updated: list[Request] = []
+        any_finished = False
+        for seq in scheduler_output.sequences:
+            request = self.requests.get(seq.request_id)
+            if request is None or request.status != _RUNNING:
+                continue  # aborted or finished from outside after this step was scheduled
+            request.num_computed_tokens = seq.start_pos + len(seq.token_ids)
+            if seq.sample:
+                token = sampled[seq.request_id]
+                request.append_output_token(token)
+            self.kv.cache_full_blocks(request)
+            if not seq.sample:
+                continue
+            if request.request_id in self._forks:
+                self._release_forks(request)  # siblings added after the fork was scheduled
+            if self._parents.get(request.group_id) is request:
+                del self._parents[request.group_id]
+            status = check_stop(request, token, self.eos_token_ids, self.config.max_model_len)
+            if status is not None:
+                self._finish(request, status, leave_running=True)
+                any_finished = True
+            updated.append(request)
+        if any_finished:
+            self.running = [r for r in self.running if r.status is _RUNNING]
+        return updated
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting) + sum(len(s) for s in self._forks.values()),
+            num_blocks_total=kv.num_blocks,
+            num_blocks_used=kv.num_used_blocks,
+            num_blocks_free=kv.num_free_blocks,
+            num_cached_blocks=kv.pool.num_cached,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def free_capacity(self) -> tuple[int, int]:
+        """(sequence slots not taken by any unfinished request, free blocks including evictable cached ones)."""
+        return max(0, self.config.max_num_seqs - len(self.requests)), self.kv.num_free_blocks
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (tests call it after every step)."""
+        self.kv.check_invariants()
+        waiting = list(self.waiting)
+        forking = [r for sibs in self._forks.values() for r in sibs]
+        for r in self.running:
+            assert r.status is _RUNNING, f"{r.request_id} in running with status {r.status}"
+            assert len(self.kv.block_ids(r.request_id)) >= self.kv.blocks_needed(r.num_computed_tokens)
+        for r in waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r.request_id}: {r.status}"
+        for r in forking:
+            assert r.status is RequestStatus.WAITING_FOR_FORK, f"{r.request_id}: {r.status}"
+        everyone = self.running + waiting + forking
+        assert len(everyone) == len(self.requests), "a request is in two places or in none"
+        assert {r.request_id for r in everyone} == set(self.requests), "containers disagree with requests"
+        holders = {r.request_id for r in self.running}
+        assert self.kv.table_owners() <= holders, "a request off `running` holds blocks"
+
+    # ------------------------------------------------------------------ helpers
+
+    def _allocate_or_preempt(self, request: Request, n: int, step: _Step) -> bool:
+        """Make room for n more tokens of `request` by preempting from the back of `running`.
+        False when `request` itself had to go."""
+        while self.kv.allocate_slots(request, n) is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            step.preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule(self, request: Request, n: int, step: _Step) -> None:
+        start = request.num_computed_tokens
+        sample = start + n == request.num_tokens
+        step.sequences.append(
+            ScheduledSequence(
+                request_id=request.request_id,
+                token_ids=request.token_ids()[start : start + n],
+                start_pos=start,
+                block_ids=list(self.kv.block_ids(request.request_id)),
+                sample=sample,
+            )
+        )
+        if sample and request.request_id in self._forks:
+            self._fork(request, step)
+
+    def _fork(self, parent: Request, step: _Step) -> None:
+        """Siblings sample from the parent's last logits this step; those without a slot or a block fall
+        back to recomputing the prompt as ordinary requests (cheap: the prefix cache holds it)."""
+        siblings = self._forks.pop(parent.request_id)
+        self._parents.pop(parent.group_id, None)
+        free_slots = (
+            self.config.max_num_seqs - len(self.running) - len(step.forked) - self._reserved_fork_slots()
+        )
+        for sibling in siblings:
+            fork = self.kv.fork(parent, sibling) if free_slots > 0 else None
+            if fork is None:
+                step.unforked.append(sibling)
+                continue
+            free_slots -= 1
+            sibling.status = _RUNNING
+            step.copies.extend(fork.block_copies)
+            step.forked.append(sibling)
+            step.sequences.append(
+                ScheduledSequence(
+                    request_id=sibling.request_id,
+                    token_ids=[],
+                    start_pos=parent.num_prompt_tokens,
+                    block_ids=list(self.kv.block_ids(sibling.request_id)),
+                    sample=True,
+                    fork_of=parent.request_id,
+                )
+            )
+
+    def _reserved_fork_slots(self) -> int:
+        """Slots held for siblings of running parents, so they have room when the parent's prefill ends."""
+        return sum(len(s) for pid, s in self._forks.items() if self.requests[pid].status is _RUNNING)
+
+    def _add_running(self, request: Request) -> None:
+        if self.config.policy == "priority":
+            bisect.insort(self.running, request, key=lambda r: (r.priority, r.arrival_time))
+        else:
+            self.running.append(request)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_front(request)
+
+    def _release_forks(self, parent: Request) -> None:
+        """The parent can no longer be forked from: its waiting siblings become ordinary requests."""
+        for sibling in reversed(self._forks.pop(parent.request_id, [])):
+            sibling.status = RequestStatus.WAITING
+            self.waiting.add_front(sibling)
+
+    def _finish(self, request: Request, status: RequestStatus, leave_running: bool = False) -> None:
+        """Take the request out of its container (unless the caller filters `running` itself), free its
+        blocks now and forget it."""
+        prev = request.status
+        if prev is _RUNNING:
+            if not leave_running:
+                self.running.remove(request)
+        elif prev is RequestStatus.WAITING_FOR_FORK:
+            for pid, sibs in list(self._forks.items()):
+                if request in sibs:
+                    sibs.remove(request)
+                    if not sibs:
+                        del self._forks[pid]
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        if self._parents.get(request.group_id) is request:
+            del self._parents[request.group_id]
+        self._release_forks(request)
+
+
+@dataclass
+class _Step:
+    """What one schedule() call has decided so far."""
+
+    sequences: list[ScheduledSequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    # Siblings forked in this step: they join `running` after the step is built.
+    forked: list[Request] = field(default_factory=list)
+    # Siblings whose fork failed: they join `waiting` after the step is built.
+    unforked: list[Request] = field(default_factory=list)

@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny random checkpoints, made once per session and loadable offline."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Callable[..., Path]:
+    """`tiny_model_dir(arch, **make_tiny_model_overrides) -> Path`, each distinct call made once."""
+    from engine.tiny_model import make_tiny_model
+
+    made: dict[tuple, Path] = {}
+
+    def get(arch: str = "llama", **overrides) -> Path:
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"tiny_{arch}")
+            made[key] = make_tiny_model(out, arch, **overrides)
+        return made[key]
+
+    return get

@@ -1,0 +1,72 @@
+"""Capacity arithmetic: plan() from config.json alone, and KV pool sizing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.kv_cache import (
+    allocate_kv_pool,
+    bytes_per_block,
+    bytes_per_token,
+    layer_views,
+    num_blocks_for_budget,
+)
+from engine.model_loader import ModelSpec
+from engine.plan import format_plan, plan
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+}
+
+
+def test_llama3_8b_plan(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    p = plan(tmp_path, 80 * 2**30, dtype="bfloat16", block_size=16, seq_lens=(1024, 8192, 100_000))
+    assert p.num_params == 8_030_261_248  # the published 8.03 B
+    assert p.weight_bytes == 2 * p.num_params
+    assert p.kv_bytes_per_token == 128 * 1024  # 32 layers * 2 * 8 heads * 128 dims * 2 bytes
+    assert p.kv_bytes_per_block == 2 * 2**20
+    assert p.num_blocks == (80 * 2**30 - p.weight_bytes - p.activation_reserve_bytes) // (2 * 2**20)
+    assert p.concurrency[1024] == p.num_blocks // 64
+    assert p.concurrency[100_000] == p.num_blocks // 512  # capped at max_model_len 8192
+    text = format_plan(p)
+    assert "128.0 KiB" in text and "8.030 B" in text
+
+
+def test_plan_reports_no_room(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    p = plan(tmp_path / "config.json", 8 * 2**30)
+    assert p.num_blocks == 0 and "no room" in format_plan(p)
+
+
+SPEC = ModelSpec(2, 4, 2, 16, 64, 512, 2048, torch.float32, frozenset({1}))
+
+
+def test_kv_sizes_and_budget():
+    assert bytes_per_token(SPEC) == 2 * 2 * 2 * 16 * 4
+    assert bytes_per_token(SPEC, torch.bfloat16) == 256
+    assert bytes_per_block(SPEC, 16) == 16 * 512
+    assert num_blocks_for_budget(SPEC, 16, "cpu") == 2**30 // (16 * 512)
+    assert num_blocks_for_budget(SPEC, 16, "cpu", memory=10 * 16 * 512 + 5) == 10
+    with pytest.raises(ValueError, match="below one block"):
+        num_blocks_for_budget(SPEC, 16, "cpu", memory=100)
+
+
+def test_pool_views_are_per_layer_and_contiguous():
+    pool = allocate_kv_pool(SPEC, 5, 8, "cpu")
+    assert pool.shape == (2, 2, 5, 8, 2, 16)
+    views = layer_views(pool)
+    views[1][1][3, 2] = 7.0
+    assert pool[1, 1, 3, 2].eq(7.0).all() and all(k.is_contiguous() and v.is_contiguous() for k, v in views)

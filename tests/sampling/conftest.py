@@ -1,0 +1,63 @@
+"""A small byte-level BPE tokenizer trained in memory (no hub), and request helpers."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+
+_TEXT = [
+    "Hello world, the quick brown fox jumps over the lazy dog.",
+    "Café crème brûlée, déjà vu, naïve résumé, élève.",
+    "中文分词测试，你好世界。我们喜欢中文和日本語のテキスト。",
+    "Emoji time 😀🎉🚀👍🏽 and flags 🇫🇷 with text 🙂.",
+    "Mixed: naïve 中文 😀 tokens; stop STOP stop### end.",
+    "Ελληνικά και русский текст тоже есть.",
+]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<eos>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TEXT * 20, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", clean_up_tokenization_spaces=False
+    )
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return build_tokenizer()
+
+
+_ids = itertools.count()
+
+
+def make_request(
+    prompt: list[int] | None = None, output: list[int] | None = None, sample_index: int = 0, **params
+) -> Request:
+    return Request(
+        request_id=f"r{next(_ids)}",
+        prompt_token_ids=list(prompt or [0]),
+        params=SamplingParams(**params),
+        arrival_time=0.0,
+        sample_index=sample_index,
+        output_token_ids=list(output or []),
+    )
+
+
+@pytest.fixture
+def make_req():
+    return make_request

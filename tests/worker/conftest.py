@@ -1,0 +1,36 @@
+"""A real redis-server per test module (no fakeredis), flushed per test, stopped by PID."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from worker import local_redis
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    if local_redis.redis_server_path() is None:
+        pytest.skip("redis-server is not installed")
+    server = local_redis.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The real engine's tiny random checkpoint, made once per test session."""
+    try:
+        from engine import LLMEngine  # noqa: F401
+        from engine.tiny_model import make_tiny_model
+    except ImportError as exc:
+        pytest.skip(f"engine not available: {exc}")
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))

@@ -1,0 +1,63 @@
+"""Cancellation requests: PUBLISH <prefix>:cancel <id> (heard here, on a thread) or SET <prefix>:cancel:<id>
+(checked by the loop each round, see loop.py). The loop drains `take()` before each step."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+import structlog
+
+from worker.connection import DOWN_ERRORS, Backoff
+
+log = structlog.get_logger("conveyor.cancel")
+
+
+class CancelListener:
+    def __init__(self, client: redis.Redis, channel: str) -> None:
+        self.client, self.channel = client, channel
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conveyor-cancel", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=3)
+
+    def take(self) -> set[str]:
+        with self._lock:
+            ids, self._ids = self._ids, set()
+        return ids
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                backoff.reset()
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if (
+                        message
+                        and message.get("type") == b"message"
+                        or (message and message.get("type") == "message")
+                    ):
+                        self._add(message["data"])
+                pubsub.close()
+            except DOWN_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning("cancel channel lost, resubscribing", error=str(exc), retry_in_s=delay)
+                self._stop.wait(delay)
+
+    def _add(self, data: bytes) -> None:
+        try:
+            job_id = data.decode("utf-8").strip()
+        except (UnicodeDecodeError, AttributeError):
+            return  # garbage on the channel is ignored
+        with self._lock:
+            self._ids.add(job_id)

@@ -1,0 +1,88 @@
+"""Connecting to Redis (AUTH, ACL users and TLS come from the URL) and retrying with capped backoff."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis
+import structlog
+
+log = structlog.get_logger("conveyor.redis")
+T = TypeVar("T")
+
+# What "Redis is unreachable right now" looks like; anything else is a real error.
+DOWN_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """Passed through to redis-py for rediss:// URLs (None: redis-py's defaults)."""
+
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    cert_reqs: str | None = None  # "required" | "optional" | "none"
+
+    def kwargs(self) -> dict:
+        pairs = {
+            "ssl_ca_certs": self.ca_certs,
+            "ssl_certfile": self.certfile,
+            "ssl_keyfile": self.keyfile,
+            "ssl_cert_reqs": self.cert_reqs,
+        }
+        return {k: v for k, v in pairs.items() if v is not None}
+
+
+def connect(url: str, tls: TlsOptions | None = None, socket_timeout: float = 30.0) -> redis.Redis:
+    """A client that returns bytes (payloads may be any binary) and speaks RESP2 (fixed reply shapes)."""
+    extra = tls.kwargs() if tls is not None and url.startswith("rediss://") else {}
+    return redis.Redis.from_url(
+        url,
+        decode_responses=False,
+        protocol=2,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=5.0,
+        health_check_interval=15,
+        **extra,
+    )
+
+
+class Backoff:
+    """Capped exponential backoff; `reset()` after a success so the next outage starts small."""
+
+    def __init__(self, first_s: float = 0.05, cap_s: float = 5.0) -> None:
+        self.first_s, self.cap_s, self.failures = first_s, cap_s, 0
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        return min(self.cap_s, self.first_s * 2 ** (self.failures - 1))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def with_retry(
+    action: Callable[[], T],
+    what: str,
+    should_stop: Callable[[], bool] = lambda: False,
+    backoff: Backoff | None = None,
+) -> T:
+    """Run `action` until Redis answers. Logs once per failure with the delay; gives up only when told to stop."""
+    backoff = backoff or Backoff()
+    while True:
+        try:
+            result = action()
+        except DOWN_ERRORS as exc:
+            if should_stop():
+                raise
+            delay = backoff.next_delay()
+            log.warning("redis unavailable, retrying", during=what, error=str(exc), retry_in_s=delay)
+            time.sleep(delay)
+            continue
+        if backoff.failures:
+            log.info("redis reachable again", during=what, after_failures=backoff.failures)
+            backoff.reset()
+        return result

@@ -1,0 +1,58 @@
+"""Turning a raw stream entry into a validated Job, or a JobError that names the job when it can.
+
+Nothing here trusts the payload: bytes may be any binary, JSON may be any shape. Parsing is JSON only
+(never pickle or eval), and every failure becomes a JobError.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pydantic import ValidationError
+
+from worker.errors import ErrorCode, JobError
+from worker.keys import JOB_FIELD
+from worker.limits import Limits, check_max_tokens, check_payload
+from worker.protocol import JOB_ID_PATTERN, Job
+
+_ID_RE = re.compile(JOB_ID_PATTERN)
+
+
+def parse_entry(fields: dict[bytes, bytes] | None, limits: Limits) -> Job:
+    if not fields or JOB_FIELD not in fields:
+        raise JobError(ErrorCode.INVALID_JSON, "entry has no 'job' field")
+    raw = fields[JOB_FIELD]
+    check_payload(raw, limits)
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)  # separate "not JSON" from "wrong shape" for a clearer error code
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise JobError(ErrorCode.INVALID_JSON, f"job is not UTF-8 JSON: {exc}") from None
+    job_id = salvage_id(text)
+    try:
+        job = Job.model_validate_json(text)
+    except ValidationError as exc:
+        raise _validation_error(exc, job_id) from None
+    check_max_tokens(job.max_tokens, limits, job.id)
+    return job
+
+
+def salvage_id(text: str) -> str | None:
+    """The job's id when the payload is a JSON object with a valid `id`, so its error can be streamed."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    job_id = obj.get("id") if isinstance(obj, dict) else None
+    return job_id if isinstance(job_id, str) and _ID_RE.match(job_id) else None
+
+
+def _validation_error(exc: ValidationError, job_id: str | None) -> JobError:
+    errors = exc.errors(include_url=False, include_input=False)
+    unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        return JobError(ErrorCode.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", job_id)
+    first = errors[0]
+    where = ".".join(map(str, first["loc"])) or "job"
+    return JobError(ErrorCode.INVALID_JOB, f"{where}: {first['msg']}", job_id)

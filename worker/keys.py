@@ -1,0 +1,55 @@
+"""Every Redis key, stream and channel name the worker and its clients use, in one place (like arq's constants)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Names under one prefix. The request and dead-letter streams can be renamed on their own."""
+
+    prefix: str = "conveyor"
+    requests_stream: str = ""  # "" -> "<prefix>:requests"
+    dead_stream: str = ""  # "" -> "<prefix>:dead"
+
+    @property
+    def requests(self) -> str:
+        return self.requests_stream or f"{self.prefix}:requests"
+
+    @property
+    def dead(self) -> str:
+        return self.dead_stream or f"{self.prefix}:dead"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    @property
+    def attempts(self) -> str:
+        """Hash job id -> attempts started (counted before running, so a crash counts)."""
+        return f"{self.prefix}:attempts"
+
+    def out(self, job_id: str) -> str:
+        """The per-request output stream; the pub/sub channel has the same name."""
+        return f"{self.prefix}:out:{job_id}"
+
+    def cancel(self, job_id: str) -> str:
+        return f"{self.prefix}:cancel:{job_id}"
+
+    def owner(self, job_id: str) -> str:
+        """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
+        return f"{self.prefix}:owner:{job_id}"
+
+
+# Field names inside stream entries.
+JOB_FIELD = b"job"
+EVENT_FIELD = b"event"
+
+
+def group_name(model: str) -> str:
+    """One consumer group per model: a local folder's name, or a hub id with '/' written as '--'."""
+    import os
+
+    path = model.rstrip("/")
+    return os.path.basename(path) if os.path.isdir(path) else path.replace("/", "--")

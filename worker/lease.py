@@ -1,0 +1,39 @@
+"""Leases on in-flight jobs, so a crashed worker's jobs are taken over after `lease_ms`, not after the
+longest generation.
+
+Two marks per job, both renewed by `add_renewal` every lease/3:
+- the entry's idle time in the group's pending list, reset with XCLAIM ... JUSTID (which does not count
+  a delivery); XAUTOCLAIM elsewhere takes entries idle longer than the lease (see reclaim.py);
+- the owner key `<prefix>:owner:<id>` = consumer name, expiring with the lease, so enqueuing an id that
+  is running does not start a second generation (`add_acquire`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from worker.config import WorkerConfig
+from worker.round import Handler, Round
+from worker.state import InFlight
+
+
+def add_acquire(rnd: Round, cfg: WorkerConfig, job_id: str, on_result: Handler) -> None:
+    """SET NX ... GET: the handler gets None when we now own the job, else the current owner's name."""
+    key = cfg.keys.owner(job_id)
+    rnd.add(lambda p: p.set(key, cfg.consumer, nx=True, px=cfg.lease_ms, get=True), on_result)
+
+
+def add_renewal(rnd: Round, cfg: WorkerConfig, jobs: Iterable[InFlight]) -> None:
+    jobs = [j for j in jobs if not j.dropped]
+    if not jobs:
+        return
+    for job in jobs:
+        key = cfg.keys.owner(job.job_id)
+        rnd.add(lambda p, key=key: p.set(key, cfg.consumer, px=cfg.lease_ms))
+    ids = [j.entry_id for j in jobs]
+    rnd.add(lambda p: p.xclaim(cfg.keys.requests, cfg.group, cfg.consumer, 0, ids, justid=True))
+
+
+def add_release(rnd: Round, cfg: WorkerConfig, job_id: str) -> None:
+    key = cfg.keys.owner(job_id)
+    rnd.add(lambda p: p.delete(key))

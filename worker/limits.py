@@ -1,0 +1,39 @@
+"""Size limits on what a client may ask for, each failing with its own error code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.errors import ErrorCode, JobError
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_payload_bytes: int = 1 << 20
+    # None: bounded only by the engine's max_model_len.
+    max_prompt_tokens: int | None = None
+    max_tokens: int | None = None
+
+
+def check_payload(raw: bytes, limits: Limits) -> None:
+    if len(raw) > limits.max_payload_bytes:
+        raise JobError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"payload is {len(raw)} bytes, the limit is {limits.max_payload_bytes}",
+        )
+
+
+def check_max_tokens(max_tokens: int | None, limits: Limits, job_id: str) -> None:
+    if max_tokens is not None and limits.max_tokens is not None and max_tokens > limits.max_tokens:
+        raise JobError(
+            ErrorCode.MAX_TOKENS_TOO_LARGE,
+            f"max_tokens {max_tokens} exceeds the limit {limits.max_tokens}",
+            job_id,
+        )
+
+
+def check_prompt_tokens(num_tokens: int, limit: int, job_id: str) -> None:
+    if num_tokens > limit:
+        raise JobError(
+            ErrorCode.PROMPT_TOO_LONG, f"prompt has {num_tokens} tokens, the limit is {limit}", job_id
+        )

@@ -1,0 +1,54 @@
+"""Prometheus metrics (served by prometheus_client.start_http_server when --metrics-port > 0)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
+
+
+class Metrics:
+    """One registry per worker, so several workers (tests, the demo) can live in one process."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.registry = CollectorRegistry()
+        names, values = list(labels), list(labels.values())
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=self.registry).labels(*values)
+
+        def histogram(name: str, doc: str, buckets=_LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(*values)
+
+        self.queue_depth = gauge(
+            "conveyor_queue_depth", "Jobs in the requests stream not yet read by the group"
+        )
+        self.pending = gauge("conveyor_pending_jobs", "Jobs read by the group and not yet acknowledged")
+        self.running = gauge("conveyor_running_requests", "Requests running in the engine")
+        self.waiting = gauge("conveyor_waiting_requests", "Requests waiting in the engine")
+        self.kv_used = gauge("conveyor_kv_blocks_used", "KV cache blocks in use")
+        self.kv_total = gauge("conveyor_kv_blocks_total", "KV cache blocks in all")
+        self.tokens_per_s = gauge(
+            "conveyor_tokens_per_second", "Output tokens per second over the last interval"
+        )
+        self.tokens = Counter(
+            "conveyor_output_tokens", "Output tokens generated", names, registry=self.registry
+        ).labels(*values)
+        self.ttft = histogram("conveyor_time_to_first_token_seconds", "Enqueue to first token event")
+        self.tpot = histogram(
+            "conveyor_time_per_output_token_seconds", "Decode time per output token", _FAST_BUCKETS
+        )
+        self.queue_time = histogram("conveyor_queue_time_seconds", "Enqueue to admission into the engine")
+        self.publish_latency = histogram(
+            "conveyor_publish_latency_seconds", "Token sampled to its event written in Redis", _FAST_BUCKETS
+        )
+        self._jobs = Counter("conveyor_jobs", "Jobs by outcome", [*names, "outcome"], registry=self.registry)
+        self._label_values = values
+
+    def job(self, outcome: str) -> None:
+        self._jobs.labels(*self._label_values, outcome).inc()
+
+    def serve(self, port: int) -> None:
+        if port > 0:
+            start_http_server(port, registry=self.registry)

@@ -1,0 +1,139 @@
+"""The wire schema, version 1: jobs in, events out. docs/protocol.md describes the same models in prose.
+
+The worker builds event payloads with plain `json.dumps` on the hot path (see events.py); these models are
+the contract those payloads are tested against, and what clients may use to parse them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROTOCOL_VERSION = 1
+JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+
+# Sampling fields a job may carry, under the engine's names (engine.sampling_params.SamplingParams).
+SAMPLING_FIELDS = (
+    "n",
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "logprobs",
+)
+
+
+class ChatTurn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: str = Field(max_length=64)
+    content: str
+
+
+class Job(BaseModel):
+    """One request, the JSON in the `job` field of an entry on the requests stream."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    v: Literal[1] = 1
+    id: str = Field(pattern=JOB_ID_PATTERN)
+    prompt: str | None = None
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    messages: list[ChatTurn] | None = None
+    priority: int = Field(0, ge=-(2**31), lt=2**31)
+    deadline_ms: int | None = Field(None, ge=0)
+    # Sampling parameters: None means "the engine's default". Range checks are the engine's (SamplingParams).
+    n: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> Job:
+        given = [
+            name for name in ("prompt", "prompt_token_ids", "messages") if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                f"exactly one of prompt, prompt_token_ids, messages is required (got {given or 'none'})"
+            )
+        return self
+
+    def sampling_kwargs(self) -> dict:
+        return {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+
+
+class TokenEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["token"]
+    index: int  # of token_ids[0] among this sample's generated tokens, from 0
+    token_ids: list[int]
+    text: str
+    sample: int | None = None  # present when n > 1
+    # Per token: [[sampled_id, logprob], [top_id, logprob], ...]
+    logprobs: list[list[tuple[int, float]]] | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Timing(BaseModel):
+    queue_ms: float  # enqueue (the entry id's time) -> admitted to the engine
+    ttft_ms: float | None  # enqueue -> first token event written
+    total_ms: float  # enqueue -> terminal event written
+
+
+class DoneEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["done"]
+    finish_reason: Literal["stop", "length", "abort"]
+    text: str
+    usage: Usage
+    timing: Timing
+    reason: Literal["cancel", "deadline"] | None = None  # why an aborted job stopped
+    # n > 1: per sample, in sample order (text/finish_reason above are sample 0's).
+    texts: list[str] | None = None
+    finish_reasons: list[str] | None = None
+
+
+class ErrorEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["error"]
+    code: str
+    message: str
+
+
+Event = Annotated[TokenEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
+
+
+class EventEnvelope(BaseModel):
+    event: Event
+
+
+def parse_event(raw: bytes | str) -> TokenEvent | DoneEvent | ErrorEvent:
+    """Parse one event payload (the `event` field of an output stream entry or a pub/sub message)."""
+    return EventEnvelope.model_validate_json(
+        b'{"event":' + (raw if isinstance(raw, bytes) else raw.encode()) + b"}"
+    ).event

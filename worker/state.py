@@ -1,0 +1,27 @@
+"""What the worker remembers about one job it is running."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker.protocol import Job
+
+
+@dataclass(eq=False)
+class InFlight:
+    job: Job
+    entry_id: bytes  # on the requests stream; acknowledged with the terminal event
+    enqueued_ms: float  # the entry id's time part (Redis server clock)
+    admitted_ms: float
+    n: int
+    next_seq: int  # sequence number of the next event on the output stream (entry id 0-<seq>)
+    prompt_tokens: int = 0
+    first_token_ms: float | None = None
+    # sample index -> (finish_reason, text, num_output_tokens), filled as samples finish
+    finished: dict[int, tuple[str, str, int]] = field(default_factory=dict)
+    stop_reason: str | None = None  # "cancel" | "deadline" once aborted by the worker
+    dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id

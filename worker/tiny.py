@@ -1,0 +1,36 @@
+"""The built-in tiny model: `--model tiny` (or tiny:mistral, tiny:qwen2, tiny:qwen3) runs a small random
+checkpoint made on first use in a cache folder, so the worker runs anywhere without downloads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("CONVEYOR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "conveyor")
+    return Path(root)
+
+
+def resolve_model(model: str) -> str:
+    """A folder or hub id passes through; `tiny[:arch]` becomes the cached tiny checkpoint (made if missing)."""
+    if model != "tiny" and not model.startswith("tiny:"):
+        return model
+    arch = model.partition(":")[2] or "llama"
+    if arch not in ARCHS:
+        raise ValueError(f"tiny model arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    out = cache_dir() / f"tiny-{arch}"
+    if not (out / "config.json").exists():
+        from engine.tiny_model import make_tiny_model
+
+        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        make_tiny_model(tmp, arch=arch)
+        try:
+            tmp.rename(out)  # atomic: several workers may start at once
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(out)
