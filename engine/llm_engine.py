@@ -325,6 +325,8 @@ class LLMEngine:
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise RequestRejected("the prompt is empty")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
