@@ -21,13 +21,11 @@ class SchedulerConfig:
     policy: Literal["fcfs", "priority"] = "fcfs"
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.scheduling not in ("continuous", "static"):
-            raise ValueError(f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}")
-        if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        _check_at_least_one(
+            self, "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"
+        )
+        _check_choice(self, "scheduling", ("continuous", "static"))
+        _check_choice(self, "policy", ("fcfs", "priority"))
 
 
 @dataclass(frozen=True)
@@ -60,24 +58,24 @@ class EngineConfig:
             raise ValueError("model must name a checkpoint folder or hub id")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        _check_at_least_one(self, "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory}")
-        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
-        if self.scheduling not in ("continuous", "static"):
-            raise ValueError(f"scheduling must be 'continuous' or 'static', got {self.scheduling!r}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(
-                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
-            )
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(
-                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
-            )
+        _check_choice(self, "dtype", ("auto", "float32", "float16", "bfloat16"))
+        _check_choice(self, "scheduling", ("continuous", "static"))
+        _check_choice(self, "scheduling_policy", ("fcfs", "priority"))
+        _check_choice(self, "attention_backend", ("auto", "torch", "triton"))
+
+
+def _check_at_least_one(config: object, *names: str) -> None:
+    """Each named field, when set (not None), must be an int >= 1."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _check_choice(config: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

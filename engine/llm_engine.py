@@ -192,17 +192,7 @@ class LLMEngine:
             return self._finish_delta(
                 request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
             )
-        first = self._next_index[seq_id]
-        self._next_index[seq_id] = request.num_output_tokens
-        return StepDelta(
-            request_id=request.group_id,
-            sample_index=request.sample_index,
-            new_token_ids=new_ids,
-            text_delta=text,
-            first_index=first,
-            logprobs=lp,
-            num_prompt_tokens=request.num_prompt_tokens,
-        )
+        return self._make_delta(request, new_ids, text, lp)
 
     def _finish_delta(
         self,
@@ -212,12 +202,26 @@ class LLMEngine:
         new_ids: list[int],
         logprobs: list[list[tuple[int, float]]] | None = None,
     ) -> StepDelta:
-        seq_id = request.request_id
-        first = self._next_index.pop(seq_id)
-        stream = self._streams.pop(seq_id)
-        group = self._groups[request.group_id]
-        if not any(s in self._streams for s in group):
+        """The last delta of a sequence; forgets its per-sequence state."""
+        delta = self._make_delta(
+            request, new_ids, text, logprobs, reason, self._streams.pop(request.request_id).text
+        )
+        del self._next_index[request.request_id]
+        if not any(s in self._streams for s in self._groups[request.group_id]):
             del self._groups[request.group_id]
+        return delta
+
+    def _make_delta(
+        self,
+        request: Request,
+        new_ids: list[int],
+        text: str,
+        logprobs: list[list[tuple[int, float]]] | None,
+        finish_reason: str | None = None,
+        final_text: str | None = None,
+    ) -> StepDelta:
+        first = self._next_index[request.request_id]
+        self._next_index[request.request_id] = first + len(new_ids)
         return StepDelta(
             request_id=request.group_id,
             sample_index=request.sample_index,
@@ -225,10 +229,10 @@ class LLMEngine:
             text_delta=text,
             first_index=first,
             logprobs=logprobs,
-            finished=True,
-            finish_reason=reason,
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
-            text=stream.text,
+            text=final_text,
             num_output_tokens=first + len(new_ids),
         )
 
