@@ -19,7 +19,7 @@ RUN pip install --no-cache-dir . \
     && mkdir -p /cache /models \
     && chown conveyor:conveyor /cache /models
 
-USER conveyor
+USER 10001
 EXPOSE 9100
 # Healthy while the metrics endpoint answers (set CONVEYOR_METRICS_PORT=0 to turn both off).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

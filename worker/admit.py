@@ -2,9 +2,9 @@
 worth of commands folded into the loop's rounds.
 
 Round k (this module's `add`): parse the payload; then for a well-formed job, in the same round
-    SET owner NX GET (lease.py), HINCRBY attempts (counted before running, so a crash counts, like arq),
-    XRANGE out:<id> (resume.py), EXISTS cancel:<id>.
-Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1.
+    SET owner NX GET (lease.py), HGET attempts, XRANGE out:<id> (resume.py), EXISTS cancel:<id>.
+Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1,
+including HINCRBY attempts for a job that runs (round k+1 is sent before the step that runs it).
 """
 
 from __future__ import annotations
@@ -64,21 +64,34 @@ class Admitter:
         except JobError as error:
             self._refuse(rnd, arrived, error, raw, owned=False)
             return
+        except Exception as exc:  # a parser corner case must not take the worker down
+            log.exception("unexpected error parsing a job")
+            self._refuse(
+                rnd, arrived, JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}"), raw, owned=False
+            )
+            return
         replies: list = []
         out, cancel = cfg.keys.out(job.id), cfg.keys.cancel(job.id)
         add_acquire(rnd, cfg, job.id, replies.append)
-        rnd.add(lambda p: p.hincrby(cfg.keys.attempts, job.id, 1), replies.append)
+        rnd.add(lambda p: p.hget(cfg.keys.attempts, job.id), replies.append)
         rnd.add(lambda p: p.xrange(out, count=cfg.stream_maxlen), replies.append)
         rnd.add(lambda p: p.exists(cancel), lambda r: self._decide(arrived, job, raw, [*replies, r]))
 
     def _decide(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
+        try:
+            self._decide_or_raise(arrived, job, raw, replies)
+        except Exception as exc:  # whatever a client sent, the worker goes on serving
+            log.exception("unexpected error admitting a job", request_id=job.id)
+            error = JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500], job.id)
+            self._refuse(self.next_round(), arrived, error, raw, owned=True)
+
+    def _decide_or_raise(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
         cfg, nxt = self.cfg, self.next_round()
-        owner, attempts, entries, cancelled = replies
+        owner, started, entries, cancelled = replies
         local = self.running(job.id)
         if local is not None or (owner is not None and owner != cfg.consumer.encode()):
             # Running here or elsewhere. A new entry is a duplicate enqueue; a reclaimed one waits for
-            # that owner's lease to lapse (or for its terminal event).
-            nxt.add(lambda p: p.hincrby(cfg.keys.attempts, job.id, -1))
+            # that owner's lease to lapse (or for its terminal event). Neither touches the attempt count.
             if local is None or local.entry_id != arrived.entry_id:
                 if not arrived.reclaimed:
                     add_ack(nxt, cfg, arrived.entry_id)
@@ -96,6 +109,9 @@ class Admitter:
             self.on_outcome("duplicate")
             return
         now_ms = time.time() * 1000
+        # This is an attempt: counted in the next round, which is sent before the step that runs the job,
+        # so a crash while running it counts (like arq). Duplicates never reach this point.
+        attempts = int(started or 0) + 1
         if attempts > cfg.max_attempts:
             error = JobError(ErrorCode.TOO_MANY_ATTEMPTS, f"{attempts - 1} attempts did not finish", job.id)
             self._refuse(nxt, arrived, error, raw, owned=True)
@@ -104,6 +120,7 @@ class Admitter:
             error = JobError(ErrorCode.DEADLINE_EXCEEDED, "deadline_ms passed before the job started", job.id)
             self._refuse(nxt, arrived, error, raw, owned=True)
             return
+        nxt.add(lambda p: p.hincrby(cfg.keys.attempts, job.id, 1))
         try:
             self._start(job, resume.prior_lists(job.n or 1))
         except JobError as error:

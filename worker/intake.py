@@ -17,18 +17,22 @@ from worker.limits import Limits, check_max_tokens, check_payload
 from worker.protocol import JOB_ID_PATTERN, Job
 
 _ID_RE = re.compile(JOB_ID_PATTERN)
+# An oversized payload is not parsed; its id is looked for near the start, where clients put it.
+_ID_PREFIX_RE = re.compile(rb'^\s*\{[^{}\[\]]*?"id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
+_PREFIX_BYTES = 4096
 
 
 def parse_entry(fields: dict[bytes, bytes] | None, limits: Limits) -> Job:
     if not fields or JOB_FIELD not in fields:
         raise JobError(ErrorCode.INVALID_JSON, "entry has no 'job' field")
     raw = fields[JOB_FIELD]
-    check_payload(raw, limits)
+    if len(raw) > limits.max_payload_bytes:
+        check_payload(raw, limits, _id_from_prefix(raw))  # raises, naming the id when it can
     try:
         text = raw.decode("utf-8")
         json.loads(text)  # separate "not JSON" from "wrong shape" for a clearer error code
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise JobError(ErrorCode.INVALID_JSON, f"job is not UTF-8 JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise JobError(ErrorCode.INVALID_JSON, f"job is not UTF-8 JSON: {str(exc)[:200]}") from None
     job_id = salvage_id(text)
     try:
         job = Job.model_validate_json(text)
@@ -42,7 +46,7 @@ def salvage_id(text: str) -> str | None:
     """The job's id when the payload is a JSON object with a valid `id`, so its error can be streamed."""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     job_id = obj.get("id") if isinstance(obj, dict) else None
     return job_id if isinstance(job_id, str) and _ID_RE.match(job_id) else None
@@ -56,3 +60,9 @@ def _validation_error(exc: ValidationError, job_id: str | None) -> JobError:
     first = errors[0]
     where = ".".join(map(str, first["loc"])) or "job"
     return JobError(ErrorCode.INVALID_JOB, f"{where}: {first['msg']}", job_id)
+
+
+def _id_from_prefix(raw: bytes) -> str | None:
+    """The top-level `id` of an oversized payload, when it comes before any nested object or list."""
+    match = _ID_PREFIX_RE.match(raw[:_PREFIX_BYTES])
+    return match.group(1).decode() if match else None

@@ -15,11 +15,12 @@ class Limits:
     max_tokens: int | None = None
 
 
-def check_payload(raw: bytes, limits: Limits) -> None:
+def check_payload(raw: bytes, limits: Limits, job_id: str | None = None) -> None:
     if len(raw) > limits.max_payload_bytes:
         raise JobError(
             ErrorCode.PAYLOAD_TOO_LARGE,
             f"payload is {len(raw)} bytes, the limit is {limits.max_payload_bytes}",
+            job_id,
         )
 
 

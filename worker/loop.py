@@ -12,6 +12,7 @@ engine has room for, so a busy worker leaves work to idle ones.
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
@@ -65,6 +66,8 @@ class Worker:
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
         self.backoff = Backoff()
         self.publish_latencies: deque[float] = deque(maxlen=100_000)  # seconds, for benchmarks
+        # Benchmarks set a list here to get (job id, sample, index, time.time()) of each token event.
+        self.trace: list | None = None
         self._unmatched_cancels: dict[str, float] = {}
         self._admitting = 0  # jobs whose admission commands are in flight
         self._last_heartbeat = self._last_reclaim = self._last_rate = time.monotonic()
@@ -84,20 +87,28 @@ class Worker:
                     break
                 self._abort_cancelled_and_overdue()
                 busy = self.engine.has_unfinished_requests()
-                rnd = self._build_round(busy)
-                if not busy and not len(rnd) and not self.inflight:
+                if not busy and not (
+                    self.inflight or self.arrived or len(self.next) or self._heartbeat_due()
+                ):
                     self._wait_for_jobs()
                     continue
-                future = self.io.submit(self._execute, rnd)
+                rnd = self._build_round(busy)
+                sent = self._send(rnd)
+                # Redis applies the round while the engine computes; replies are read on the I/O thread.
+                future = self.io.submit(rnd.receive, sent) if sent is not None else None
                 deltas = self.engine.step() if busy else []
-                sampled_at = time.perf_counter()
-                rnd.dispatch(future.result())
-                self._publish(deltas, sampled_at)
+                sampled_at, sampled_wall = time.perf_counter(), time.time()
+                rnd.dispatch(self._results(rnd, future))
+                self._publish(deltas, sampled_at, sampled_wall)
                 self._observe(deltas)
         finally:
             self._shutdown()
 
     def _startup(self) -> None:
+        # The model and tokenizer are millions of long-lived objects: a full collection walking them
+        # stalled the loop for ~200 ms mid-generation. Freezing moves them out of the collector's view.
+        gc.collect()
+        gc.freeze()
         self._ensure_group()
         self.cancels.start()
         # A worker restarted under the same name first finishes what is still pending under that name.
@@ -112,15 +123,16 @@ class Worker:
 
     def _build_round(self, busy: bool) -> Round:
         rnd, self.next = self.next, Round()
-        for arrived in self.arrived:
-            self.admitter.add(rnd, arrived)
-        self._admitting, self.arrived = len(self.arrived), []
         now = time.monotonic()
         draining = self._drain_deadline is not None
+        # Draining: jobs read but not started stay pending, for another worker (or this one, restarted).
+        for arrived in [] if draining else self.arrived:
+            self.admitter.add(rnd, arrived)
+        self._admitting, self.arrived = (0 if draining else len(self.arrived)), []
         room = 0 if draining else self._room()
         if room > 0:
             self._add_read(rnd, room, block_ms=None)
-        if now - self._last_heartbeat >= self.cfg.heartbeat_s:
+        if self._heartbeat_due():
             self._last_heartbeat = now
             add_renewal(rnd, self.cfg, self.inflight.values())
             self._add_queue_depth(rnd)
@@ -132,19 +144,30 @@ class Worker:
             rnd.add(lambda p: p.mget(keys), lambda r: self._cancel_keys(ids, r))
         return rnd
 
-    def _execute(self, rnd: Round) -> list:
+    def _heartbeat_due(self) -> bool:
+        return time.monotonic() - self._last_heartbeat >= self.cfg.heartbeat_s
+
+    def _send(self, rnd: Round):
         if not len(rnd):
+            return None
+        return with_retry(
+            lambda: rnd.send(self.client), "sending a round", self.stop.cold.is_set, self.backoff
+        )
+
+    def _results(self, rnd: Round, future) -> list:
+        if future is None:
             return []
-
-        def once() -> list:
-            results = rnd.execute(self.client)
-            if rnd.sampled_at is not None:
-                latency = time.perf_counter() - rnd.sampled_at
-                self.publish_latencies.append(latency)
-                self.metrics.publish_latency.observe(latency)
-            return results
-
-        results = with_retry(once, "step round", self.stop.cold.is_set, self.backoff)
+        try:
+            results = future.result()
+        except DOWN_ERRORS:
+            # The connection broke mid-round: send it again (publish.py tolerates events that landed).
+            results = with_retry(
+                lambda: rnd.execute(self.client), "step round", self.stop.cold.is_set, self.backoff
+            )
+        if rnd.sampled_at is not None:
+            latency = time.perf_counter() - rnd.sampled_at
+            self.publish_latencies.append(latency)
+            self.metrics.publish_latency.observe(latency)
         if any(isinstance(r, redis.ResponseError) and str(r).startswith("NOGROUP") for r in results):
             self._ensure_group()  # Redis restarted without persistence: the group is gone
         return results
@@ -202,8 +225,8 @@ class Worker:
         # Blocking reads cannot run inside MULTI; a plain pipeline of one command.
         def once() -> list:
             pipe = self.client.pipeline(transaction=False)
-            for command in rnd.commands:
-                command(pipe)
+            for args, options in rnd.stack:
+                pipe.execute_command(*args, **options)
             return pipe.execute(raise_on_error=False)
 
         results = with_retry(once, "waiting for jobs", self.stop.cold.is_set, self.backoff)
@@ -281,7 +304,7 @@ class Worker:
                 self.inflight.pop(job.job_id, None)
 
     # ---- publish, ack ---------------------------------------------------------------------------------
-    def _publish(self, deltas, sampled_at: float) -> None:
+    def _publish(self, deltas, sampled_at: float, sampled_wall: float) -> None:
         if not deltas:
             return
         rnd, now_ms = self.next, time.time() * 1000
@@ -304,6 +327,8 @@ class Worker:
                 continue
             if delta.new_token_ids or delta.text_delta:
                 by_job.setdefault(job.job_id, []).append(token_event(delta, job.n))
+                if self.trace is not None:
+                    self.trace.append((job.job_id, delta.sample_index, delta.first_index, sampled_wall))
                 if job.first_token_ms is None and delta.new_token_ids:
                     job.first_token_ms = now_ms
                     self.metrics.ttft.observe(max(0.0, now_ms - job.enqueued_ms) / 1000)
@@ -312,7 +337,7 @@ class Worker:
         for job_id, payloads in by_job.items():
             add_events(rnd, self.cfg, self.inflight[job_id], payloads, self._lost)
         for job in done:
-            add_events(rnd, self.cfg, job, [done_event(job, now_ms)], self._lost)
+            add_events(rnd, self.cfg, job, [done_event(job, now_ms)], self._lost, terminal=True)
             add_finish(rnd, self.cfg, job)  # the ack rides in the same MULTI, after the terminal event
             del self.inflight[job.job_id]
             self._finished(job, now_ms)
@@ -375,4 +400,5 @@ class Worker:
             self.engine.abort(job.job_id)
         self.cancels.stop()
         self.io.shutdown(wait=True)
+        gc.unfreeze()
         log.info("worker stopped", left_unacknowledged=len(left))

@@ -8,6 +8,7 @@ worker reads the last seq back from the stream (resume.py) and continues after i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import redis
@@ -24,7 +25,12 @@ _ID_TOO_SMALL = "equal or smaller"
 
 
 def add_events(
-    rnd: Round, cfg: WorkerConfig, job: InFlight, payloads: list[bytes], on_lost: Callable[[InFlight], None]
+    rnd: Round,
+    cfg: WorkerConfig,
+    job: InFlight,
+    payloads: list[bytes],
+    on_lost: Callable[[InFlight], None],
+    terminal: bool = False,
 ) -> None:
     key = cfg.keys.out(job.job_id)
 
@@ -39,14 +45,15 @@ def add_events(
     for payload in payloads:
         entry_id = f"0-{job.next_seq}"
         job.next_seq += 1
-        rnd.add(
-            lambda p, i=entry_id, b=payload: p.xadd(
-                key, {EVENT_FIELD: b}, id=i, maxlen=cfg.stream_maxlen, approximate=True
-            ),
-            check,
-        )
-        rnd.add(lambda p, b=payload: p.publish(key, b))
-    rnd.add(lambda p: p.expire(key, cfg.stream_ttl_s))
+        # Ready argument tuples (Round.raw): this runs per token event.
+        rnd.raw(("XADD", key, "MAXLEN", "~", cfg.stream_maxlen, entry_id, EVENT_FIELD, payload), check)
+        rnd.raw(("PUBLISH", key, payload))
+    # The TTL counts from the last write: set it on the first event, refresh it now and then while the
+    # job runs (not every step: that would be one more command per job per step), and on the last one.
+    now = time.monotonic()
+    if terminal or job.ttl_set_at is None or now - job.ttl_set_at > cfg.stream_ttl_s / 4:
+        job.ttl_set_at = now
+        rnd.raw(("EXPIRE", key, cfg.stream_ttl_s))
 
 
 def add_finish(rnd: Round, cfg: WorkerConfig, job: InFlight) -> None:

@@ -34,7 +34,7 @@ def read_resume(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> Resume:
         state.next_seq = int(seq) + 1 if ms == b"0" else state.next_seq
         try:
             event = json.loads(fields.get(EVENT_FIELD, b"{}"))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         kind = event.get("type") if isinstance(event, dict) else None
         if kind in ("done", "error"):

@@ -1,52 +1,129 @@
-"""One round trip to Redis per engine step: every command of the step in a single MULTI/EXEC pipeline.
+"""One round trip to Redis per engine step: every command of the step in a single MULTI/EXEC.
 
-Commands are recorded as closures with an optional result handler, so a round that failed on a dropped
-connection can be replayed on a fresh pipeline. Handlers run later, on the loop's thread (`dispatch`).
-MULTI/EXEC makes each step's events, lease renewals and acknowledgements land together or not at all.
+Commands are recorded, not sent, as they are added: `add(lambda p: p.xadd(...))` runs redis-py's argument
+building against a `Recorder`, and hot paths add ready argument tuples with `raw(...)`. MULTI/EXEC makes
+each step's events, lease renewals and acknowledgements land together or not at all.
+
+A round is split in two so the network overlaps the engine's step: `send` (loop thread: pack and write
+everything; Redis applies it while the engine computes) and `receive` (I/O thread: read the replies and
+apply redis-py's reply parsers). Handlers run later, on the loop's thread (`dispatch`). A round that
+failed on a dropped connection is sent again whole (`retried` tells handlers so).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.client import Pipeline
+from redis.commands.core import CoreCommands
 
-Command = Callable[[Pipeline], Any]
+try:  # hiredis packs a command in C; redis-py's own packer is the fallback
+    from hiredis import pack_command
+except ImportError:  # pragma: no cover
+    pack_command = None
+
 Handler = Callable[[Any], None]
+_MULTI, _EXEC = ("MULTI",), ("EXEC",)
+
+
+class Recorder(CoreCommands):
+    """redis-py's command methods (xadd, set, xautoclaim...) writing into a list instead of a socket."""
+
+    def __init__(self, stack: list) -> None:
+        self.stack = stack
+
+    def execute_command(self, *args, **options):
+        self.stack.append((args, options))
+
+
+@dataclass
+class Sent:
+    client: redis.Redis
+    connection: Any
 
 
 class Round:
     def __init__(self) -> None:
-        self.commands: list[Command] = []
+        self.stack: list[tuple[tuple, dict]] = []
         self.handlers: list[Handler | None] = []
-        # True once a try failed mid-flight: an earlier try may have executed, so handlers must accept
-        # "already written" answers (see publish.py).
-        self.retried = False
+        self._recorder = Recorder(self.stack)
+        self.retried = False  # an earlier try may have been applied (see publish.py)
         # time.perf_counter() when the newest token events in this round were sampled (for latency).
         self.sampled_at: float | None = None
 
-    def add(self, command: Command, on_result: Handler | None = None) -> None:
-        self.commands.append(command)
+    def add(self, command: Callable[[Recorder], Any], on_result: Handler | None = None) -> None:
+        command(self._recorder)
+        self.handlers.append(on_result)
+
+    def raw(self, args: tuple, on_result: Handler | None = None) -> None:
+        self.stack.append((args, {}))
         self.handlers.append(on_result)
 
     def __len__(self) -> int:
-        return len(self.commands)
+        return len(self.stack)
 
     def execute(self, client: redis.Redis) -> list[Any]:
-        pipe = client.pipeline(transaction=True)
-        for command in self.commands:
-            command(pipe)
+        return self.receive(self.send(client))
+
+    def send(self, client: redis.Redis) -> Sent:
+        connection = client.connection_pool.get_connection()
         try:
-            # Per-command errors (a wrong-type key a client created, an id conflict) come back as values,
-            # so one bad key cannot fail the whole step.
-            return pipe.execute(raise_on_error=False)
+            commands = [_MULTI, *(_split_name(args) for args, _ in self.stack), _EXEC]
+            if pack_command is not None:
+                connection.send_packed_command([b"".join(map(pack_command, commands))])
+            else:
+                connection.send_packed_command(connection.pack_commands(commands))
         except BaseException:
-            self.retried = True
+            self._fail(client, connection)
             raise
+        return Sent(client, connection)
+
+    def receive(self, sent: Sent) -> list[Any]:
+        """The replies, one per command. Per-command errors (a wrong-type key a client created, an id
+        conflict) come back as exception values, so one bad key cannot fail the whole step."""
+        client, connection = sent.client, sent.connection
+        try:
+            connection.read_response()  # +OK for MULTI
+            queued = []
+            for _ in self.stack:
+                try:
+                    connection.read_response()  # +QUEUED
+                    queued.append(None)
+                except redis.ResponseError as exc:  # refused before running (e.g. wrong arity)
+                    queued.append(exc)
+            try:
+                replies = connection.read_response()
+            except redis.exceptions.ExecAbortError:
+                raise next(e for e in queued if e is not None) from None
+        except BaseException:
+            self._fail(client, connection)
+            raise
+        client.connection_pool.release(connection)
+        callbacks = client.response_callbacks
+        results = []
+        for (args, options), reply in zip(self.stack, replies, strict=True):
+            name = args[0]
+            if not isinstance(reply, Exception) and name in callbacks:
+                if "keys" in options:
+                    options = {k: v for k, v in options.items() if k != "keys"}
+                reply = callbacks[name](reply, **options)
+            results.append(reply)
+        return results
+
+    def _fail(self, client: redis.Redis, connection) -> None:
+        self.retried = True
+        connection.disconnect()
+        client.connection_pool.release(connection)
 
     def dispatch(self, results: list[Any]) -> None:
         for handler, result in zip(self.handlers, results, strict=True):
             if handler is not None:
                 handler(result)
+
+
+def _split_name(args: tuple) -> tuple:
+    """redis-py names some commands in two words ("XINFO GROUPS"); the wire wants two arguments."""
+    name = args[0]
+    return (*name.split(), *args[1:]) if isinstance(name, str) and " " in name else args

@@ -20,6 +20,7 @@ class InFlight:
     # sample index -> (finish_reason, text, num_output_tokens), filled as samples finish
     finished: dict[int, tuple[str, str, int]] = field(default_factory=dict)
     stop_reason: str | None = None  # "cancel" | "deadline" once aborted by the worker
+    ttl_set_at: float | None = None  # time.monotonic() of the output stream's last EXPIRE
     dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
 
     @property

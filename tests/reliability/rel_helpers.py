@@ -65,7 +65,9 @@ class RedisProc:
 
         def up() -> bool:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {(self.dir / f'redis-{self.starts}.log').read_text()}")
+                raise RuntimeError(
+                    f"redis-server exited: {(self.dir / f'redis-{self.starts}.log').read_text()}"
+                )
             try:
                 return bool(client.ping())
             except redis.BusyLoadingError:
@@ -175,13 +177,18 @@ class Workers:
     def spawn(self, url: str, consumer: str, *extra: str, group: str = GROUP) -> WorkerProc:
         args = [sys.executable, "-m", "worker.cli", "worker", "--model", self.model, "--redis-url", url]
         args += ["--consumer", consumer, "--group", group, "--metrics-port", "0"]
-        args += ["--num-kv-blocks", "1024", "--max-num-seqs", "24", "--max-num-batched-tokens", "1024"]
+        args += ["--num-kv-blocks", "4096", "--max-num-seqs", "24", "--max-num-batched-tokens", "1024"]
         args += ["--lease-ms", "1200", *extra]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         log = self.log_dir / f"worker-{consumer}-{len(self.spawned)}.log"
         proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), stdin=subprocess.DEVNULL
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(log, "wb"),
+            stdin=subprocess.DEVNULL,
         )
         worker = WorkerProc(consumer, log, proc)
         self.spawned.append(worker)
@@ -229,7 +236,9 @@ def wait_terminal(client: redis.Redis, job_ids, timeout_s: float, keys: Keys = K
             if last and json.loads(last[0][1][EVENT_FIELD])["type"] in ("done", "error"):
                 left.discard(job_id)
         if left and time.monotonic() > deadline:
-            raise AssertionError(f"{len(left)} jobs without a terminal event after {timeout_s}s: {order[:10]}")
+            raise AssertionError(
+                f"{len(left)} jobs without a terminal event after {timeout_s}s: {order[:10]}"
+            )
         if left:
             time.sleep(0.05)
     for job_id in job_ids:
@@ -289,14 +298,14 @@ _ENGINES: dict[str, object] = {}
 
 def expected_outputs(model: str, jobs: list[dict]) -> dict[str, tuple[list[int], str]]:
     """job id -> (token ids, text) of an uninterrupted LLMEngine.generate run with the job's parameters."""
+    import torch
+
     from engine import LLMEngine, SamplingParams
 
+    torch.set_num_threads(1)  # a 2-core machine shared with worker processes: threads only contend
     engine = _ENGINES.get(model)
     if engine is None:
-        engine = _ENGINES[model] = LLMEngine(model, num_kv_blocks=1024, max_num_seqs=24)
-    out = {}
-    for job in jobs:
-        params = {k: v for k, v in job.items() if k not in ("id", "prompt")}
-        result = engine.generate([job["prompt"]], SamplingParams(**params))[0]
-        out[job["id"]] = (list(result.token_ids), result.text)
-    return out
+        engine = _ENGINES[model] = LLMEngine(model, num_kv_blocks=4096, max_num_seqs=24)
+    params = [SamplingParams(**{k: v for k, v in job.items() if k not in ("id", "prompt")}) for job in jobs]
+    results = engine.generate([job["prompt"] for job in jobs], params)
+    return {job["id"]: (list(res.token_ids), res.text) for job, res in zip(jobs, results, strict=True)}

@@ -60,7 +60,9 @@ BAD = [
     (b'{"id": "b7", "prompt_token_ids": [1, 99999]}', "b7", "rejected"),
     (b'{"id": "b8", "prompt": "' + b"y" * 600 + b'"}', "b8", "prompt_too_long"),
     (b'{"id": "b9", "prompt": "x", "max_tokens": 100000}', "b9", "max_tokens_too_large"),
-    (b'{"id": "b10", "prompt": "' + b"z" * 5000 + b'"}', None, "payload_too_large"),
+    (b'{"id": "b10", "prompt": "' + b"z" * 9000 + b'"}', "b10", "payload_too_large"),
+    (b'{"prompt": "' + b"z" * 9000 + b'", "id": "b12"}', None, "payload_too_large"),
+    (b"[" * 5000, None, "invalid_json"),
     (b'{"id": "b11", "messages": [{"role": "user"}]}', "b11", "invalid_job"),
 ]
 
@@ -68,7 +70,7 @@ BAD = [
 def test_bad_input_is_refused_and_worker_keeps_serving(redis_server, r):
     from worker.limits import Limits
 
-    limits = Limits(max_payload_bytes=4096, max_tokens=1000)
+    limits = Limits(max_payload_bytes=8192, max_tokens=1000)
     with running_worker(FakeEngine(), redis_server.url, limits=limits):
         for raw, _, _ in BAD:
             r.xadd(K.requests, {b"job": raw})
@@ -166,3 +168,31 @@ def test_restart_under_same_name_finishes_own_pending(redis_server, r):
     r.xreadgroup("test", "w1", {K.requests: ">"})  # "w1" read it, then died
     with running_worker(FakeEngine(), redis_server.url, lease_ms=60_000):
         assert collect(r, "mine", timeout_s=10)[-1]["type"] == "done"
+
+
+@pytest.mark.parametrize(("max_wait_ms", "first_batch"), [(0, 1), (600, 2)])
+def test_max_wait_fills_the_first_batch(redis_server, r, max_wait_ms, first_batch):
+    engine = FakeEngine()
+    with running_worker(engine, redis_server.url, max_wait_ms=max_wait_ms):
+        time.sleep(0.2)  # idle, blocked in XREADGROUP
+        enqueue(r, {"id": "w1", "prompt": "x", "max_tokens": 40})
+        time.sleep(0.15)
+        enqueue(r, {"id": "w2", "prompt": "y", "max_tokens": 40})
+        collect(r, "w1", timeout_s=10)
+        collect(r, "w2", timeout_s=10)
+    assert engine.batch_sizes[0] == first_batch
+
+
+def test_reads_only_what_fits(redis_server, r):
+    """A worker with 2 slots leaves the other jobs in the stream for other workers."""
+    engine = FakeEngine(max_num_seqs=2, step_s=0.01)
+    with running_worker(engine, redis_server.url):
+        for k in range(6):
+            enqueue(r, {"id": f"f{k}", "prompt": "x", "max_tokens": 30})
+        while r.xlen(K.out("f0")) < 5:
+            time.sleep(0.01)
+        group = r.xinfo_groups(K.requests)[0]
+        assert group["pending"] <= 2 and group["lag"] >= 4
+        assert max(engine.batch_sizes) <= 2
+        for k in range(6):
+            assert collect(r, f"f{k}", timeout_s=20)[-1]["type"] == "done"

@@ -54,6 +54,7 @@ class FakeEngine:
         )
         self.samples: list[_Sample] = []
         self.generated = 0
+        self.batch_sizes: list[int] = []  # requests in each step, for batching tests
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
@@ -77,6 +78,7 @@ class FakeEngine:
 
     def step(self) -> list[StepDelta]:
         time.sleep(self.step_s)
+        self.batch_sizes.append(len({s.request_id for s in self.samples}))
         deltas = []
         for s in list(self.samples):
             new = []

@@ -1,0 +1,228 @@
+"""End-to-end throughput through Redis against the same workload on LLMEngine directly, in one run.
+
+    python benchmarks/redis_e2e.py [--model tiny] [--jobs 64] [--max-tokens 128] [--device auto]
+
+Direct: add every request to an LLMEngine, step until done. Through Redis: a Worker (on a thread, as in
+`conveyor worker`) serves the same requests submitted as jobs, while a separate client process reads
+every output stream to its terminal event. Both engines are built the same way and warmed up first.
+Latency: from step() returning a token to the MULTI/EXEC that wrote its event being answered by Redis
+(after which any reader sees it), over all rounds with the 64 streams live.
+Targets: Redis throughput >= 90% of direct; latency p99 < 5 ms. Writes JSON to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker import local_redis  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
+from worker.connection import connect  # noqa: E402
+from worker.keys import EVENT_FIELD, Keys  # noqa: E402
+from worker.tiny import resolve_model  # noqa: E402
+
+
+def prompts(n: int) -> list[str]:
+    words = "the quick brown fox jumps over a lazy dog while redis streams carry tokens".split()
+    return [" ".join(words[(k + j) % len(words)] for j in range(8 + k % 24)) for k in range(n)]
+
+
+def make_engine(args):
+    from engine import LLMEngine
+
+    kw = {"max_num_seqs": max(args.jobs, 1), "device": args.device}
+    if args.num_kv_blocks:
+        kw["num_kv_blocks"] = args.num_kv_blocks
+    return LLMEngine(args.model, **kw)
+
+
+def params(args):
+    from engine import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def run_direct(args) -> dict:
+    # On a thread, like the worker's engine: on the CPU, torch's intra-op threading behaves very
+    # differently on the main thread of a loaded machine, which would skew the comparison.
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(_direct(args)))
+    thread.start()
+    thread.join()
+    return out
+
+
+def _direct(args) -> dict:
+    engine = make_engine(args)
+    engine.generate(prompts(4), params(args))  # warm-up
+    start = time.perf_counter()
+    for k, prompt in enumerate(prompts(args.jobs)):
+        engine.add_request(f"d{k}", prompt, params(args))
+    tokens = 0
+    while engine.has_unfinished_requests():
+        tokens += sum(len(d.new_token_ids) for d in engine.step())
+    elapsed = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+
+
+def consume(url: str, prefix: str, ids: list[str], ready, result) -> None:
+    """Client process: read every output stream from its start until its terminal event."""
+    client = connect(url)
+    keys = Keys(prefix)
+    cursors = {keys.out(i): b"0" for i in ids}
+    tokens, arrivals = 0, {}
+    ready.set()
+    while cursors:
+        reply = client.xread(dict(cursors), block=5000, count=1000) or []
+        for key, entries in reply:
+            key = key.decode()
+            for entry_id, fields in entries:
+                event = json.loads(fields[EVENT_FIELD])
+                cursors[key] = entry_id
+                if event["type"] == "token":
+                    tokens += len(event["token_ids"])
+                    arrivals[(key.rsplit(":", 1)[-1], event.get("sample", 0), event["index"])] = time.time()
+                else:
+                    cursors.pop(key)
+                    break
+    result.put((tokens, time.perf_counter(), arrivals))
+
+
+def run_redis(args, url: str) -> dict:
+    from worker.loop import Worker
+
+    engine = make_engine(args)
+    engine.generate(prompts(4), params(args))  # warm-up
+    prefix = f"bench-{os.getpid()}-{int(time.time())}"
+    keys = Keys(prefix)
+    worker = Worker(engine, connect(url), WorkerConfig(group="bench", consumer="bench-1", keys=keys))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    ids = [f"b{k}" for k in range(args.jobs)]
+    ctx = mp.get_context("spawn")
+    ready, result = ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=consume, args=(url, prefix, ids, ready, result))
+    reader.start()
+    ready.wait(60)
+    client = connect(url)
+    time.sleep(0.5)  # let the idle worker block in XREADGROUP, as in service
+    worker.publish_latencies.clear()
+    worker.trace = []
+    p = params(args)
+    start = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    for job_id, prompt in zip(ids, prompts(args.jobs), strict=True):
+        job = {
+            "id": job_id,
+            "prompt": prompt,
+            "max_tokens": p.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
+        pipe.xadd(keys.requests, {b"job": json.dumps(job)})
+    pipe.execute()
+    tokens, end, arrivals = result.get(timeout=600)
+    reader.join()
+    # Sampled (step() returned it) -> read by the client process from its output stream.
+    e2e = sorted(arrivals[(j, k, i)] - t for j, k, i, t in worker.trace if (j, k, i) in arrivals)
+    latencies = sorted(worker.publish_latencies)
+    worker.stop.request()
+    thread.join(timeout=60)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+    elapsed = end - start
+
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        # sample -> the worker's MULTI/EXEC answered (per round; an upper bound on "written")
+        "publish_latency_ms": percentiles(latencies),
+        # sample -> a separate client process read the event (per token event, all streams live)
+        "sample_to_client_ms": percentiles(e2e),
+    }
+
+
+def percentiles(values: list[float]) -> dict:
+    def pct(q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
+
+    return {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0), "count": len(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--jobs", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--num-kv-blocks", type=int, default=2048)
+    parser.add_argument("--redis-url", default=None, help="default: start a local redis-server")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="alternate direct/redis runs; medians reported"
+    )
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    args.model = resolve_model(args.model)
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+
+    server = None
+    url = args.redis_url
+    if url is None:
+        server = local_redis.start()
+        url = server.url
+    try:
+        runs = [(run_direct(args), run_redis(args, url)) for _ in range(args.repeats)]
+        # The machine may be shared: alternate the two and keep each one's median run.
+        direct = sorted((d for d, _ in runs), key=lambda x: x["tokens_per_s"])[len(runs) // 2]
+        through = sorted((t for _, t in runs), key=lambda x: x["tokens_per_s"])[len(runs) // 2]
+    finally:
+        if server is not None:
+            server.stop()
+    ratio = through["tokens_per_s"] / direct["tokens_per_s"]
+    p99 = through["sample_to_client_ms"]["p99"]
+    report = {
+        "model": args.model,
+        "device": args.device,
+        "jobs": args.jobs,
+        "max_tokens": args.max_tokens,
+        "torch_threads": args.torch_threads,
+        "cpu_count": os.cpu_count(),
+        "direct": direct,
+        "redis": through,
+        "throughput_ratio": ratio,
+        "all_runs_tokens_per_s": [[d["tokens_per_s"], t["tokens_per_s"]] for d, t in runs],
+        "targets": {"ratio>=0.9": ratio >= 0.9, "p99_ms<5": p99 < 5.0},
+    }
+    print(
+        f"direct   {direct['tokens_per_s']:10.1f} tok/s  ({direct['tokens']} tokens in {direct['seconds']:.2f} s)"
+    )
+    print(
+        f"redis    {through['tokens_per_s']:10.1f} tok/s  ({through['tokens']} tokens in {through['seconds']:.2f} s)"
+    )
+    print(f"ratio    {ratio:10.3f}  (target >= 0.90)")
+    for name, key in (("sample->client", "sample_to_client_ms"), ("sample->EXEC", "publish_latency_ms")):
+        lat = through[key]
+        print(f"{name:15} p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  max {lat['max']:.2f} ms")
+    print("(target: sample->client p99 < 5 ms with all streams live)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"redis_e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

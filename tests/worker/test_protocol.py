@@ -1,0 +1,105 @@
+"""The wire schema and the pure helpers: no Redis, milliseconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.outputs import StepDelta
+from engine.sampling_params import SamplingParams
+from worker.errors import ErrorCode, JobError
+from worker.events import error_event, token_event
+from worker.intake import parse_entry
+from worker.keys import Keys
+from worker.limits import Limits
+from worker.protocol import SAMPLING_FIELDS, DoneEvent, ErrorEvent, Job, TokenEvent, parse_event
+from worker.resume import read_resume
+from worker.sizes import parse_size
+
+
+def test_job_sampling_fields_match_the_engine():
+    assert set(SAMPLING_FIELDS) == set(SamplingParams.model_fields)
+    assert set(SAMPLING_FIELDS) <= set(Job.model_fields)
+
+
+def test_job_round_trip():
+    job = Job(id="a.b:c-1", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stop="x", seed=3)
+    again = Job.model_validate_json(job.model_dump_json())
+    assert again == job
+    assert SamplingParams(**again.sampling_kwargs()).stop == ["x"]
+
+
+def test_events_round_trip_through_the_models():
+    delta = StepDelta("r", 1, [5, 6], "ab", 3, logprobs=[[(5, -0.5), (7, -1.0)], [(6, -0.1)]])
+    token = parse_event(token_event(delta, n=2))
+    assert (
+        isinstance(token, TokenEvent)
+        and token.sample == 1
+        and token.index == 3
+        and token.logprobs[0][1] == (7, -1.0)
+    )
+    assert "sample" not in json.loads(token_event(delta, n=1))
+    error = parse_event(error_event("invalid_job", "nope"))
+    assert isinstance(error, ErrorEvent) and error.code == "invalid_job"
+    done = {
+        "type": "done",
+        "finish_reason": "stop",
+        "text": "t",
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2},
+    }
+    done["timing"] = {"queue_ms": 1.0, "ttft_ms": None, "total_ms": 3.0}
+    assert isinstance(parse_event(json.dumps(done)), DoneEvent)
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "has_id"),
+    [
+        (b"\x00\xff", ErrorCode.INVALID_JSON, False),
+        (b"null", ErrorCode.INVALID_JOB, False),
+        (b'{"id": "x", "prompt": "p", "n": true}', ErrorCode.INVALID_JOB, True),
+        (b'{"id": "x", "prompt": "p", "extra": 1}', ErrorCode.UNKNOWN_FIELD, True),
+        (b'{"id": "' + b"x" * 129 + b'", "prompt": "p"}', ErrorCode.INVALID_JOB, False),
+        (b'{"id": "x", "prompt_token_ids": [-1]}', ErrorCode.INVALID_JOB, True),
+        (b'{"id": "x", "prompt": "p", "max_tokens": 99}', ErrorCode.MAX_TOKENS_TOO_LARGE, True),
+    ],
+)
+def test_parse_entry_errors(raw, code, has_id):
+    with pytest.raises(JobError) as info:
+        parse_entry({b"job": raw}, Limits(max_tokens=50))
+    assert info.value.code == code and (info.value.job_id is not None) == has_id
+
+
+def test_resume_reads_prior_tokens_and_next_seq():
+    def entry(seq, event):
+        return (f"0-{seq}".encode(), {b"event": json.dumps(event).encode()})
+
+    entries = [
+        entry(1, {"type": "token", "index": 0, "token_ids": [1, 2], "text": "", "sample": 0}),
+        entry(2, {"type": "token", "index": 0, "token_ids": [9], "text": "", "sample": 1}),
+        entry(3, {"type": "token", "index": 2, "token_ids": [3], "text": "", "sample": 0}),
+        (b"0-4", {b"event": b"garbage"}),
+    ]
+    state = read_resume(entries)
+    assert state.next_seq == 5 and not state.terminal
+    assert state.prior_lists(3) == [[1, 2, 3], [9], []]
+    assert read_resume([]).prior_lists(1) is None
+    assert read_resume([entry(1, {"type": "done"})]).terminal
+
+
+def test_keys_and_sizes():
+    k = Keys("p", requests_stream="jobs")
+    assert (k.requests, k.dead, k.out("a"), k.cancel("a"), k.cancel_channel) == (
+        "jobs",
+        "p:dead",
+        "p:out:a",
+        "p:cancel:a",
+        "p:cancel",
+    )
+    assert (
+        parse_size("80GiB") == 80 * 2**30
+        and parse_size("512MiB") == 2**29
+        and parse_size("1.5GB") == 1_500_000_000
+    )
+    with pytest.raises(ValueError):
+        parse_size("lots")
