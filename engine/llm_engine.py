@@ -22,10 +22,11 @@ from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
-from engine.request import Request, RequestStatus
+from engine.request import FINISH_REASONS, Request, RequestStatus
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.stop_check import check_stop
 from engine.tokenizer import load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
@@ -138,13 +139,15 @@ class LLMEngine:
             self.scheduler.check_request(request)
         self._groups[request_id] = [r.request_id for r in requests]
         for request in requests:
-            stream = TextStream(
+            self._streams[request.request_id] = TextStream(
                 self.tokenizer, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
             )
-            self._streams[request.request_id] = stream
             self._next_index[request.request_id] = request.num_output_tokens
-            if self._already_done(request):
-                self._pending.append(self._finish_delta(request, "length", stream.finish(), []))
+        for request in requests:
+            stream = self._streams[request.request_id]
+            reason = self._resumed_finish_reason(request, stream)
+            if reason is not None:
+                self._pending.append(self._finish_delta(request, reason, stream.finish(), []))
                 continue
             self.scheduler.add_request(request)
         return len(prompt_ids)
@@ -345,9 +348,14 @@ class LLMEngine:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
                 raise RequestRejected(f"{what} must be ints in [0, {vocab}); got {t!r}")
 
-    def _already_done(self, request: Request) -> bool:
-        """A resumed request whose prior tokens already reached max_tokens needs no step."""
-        return request.num_output_tokens >= request.params.max_tokens
+    def _resumed_finish_reason(self, request: Request, stream: TextStream) -> str | None:
+        """Why a resumed sample had already finished before it was resubmitted (None: it goes on)."""
+        if not request.output_token_ids:
+            return None
+        if stream.stopped:
+            return "stop"
+        status = check_stop(request, request.output_token_ids[-1], self.eos_token_ids, self.max_model_len)
+        return FINISH_REASONS[status] if status is not None else None
 
 
 def _tokenizer_eos(tokenizer: object) -> frozenset[int]:

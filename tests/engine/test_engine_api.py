@@ -9,7 +9,9 @@ from engine import LLMEngine, RequestRejected, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir) -> LLMEngine:
-    return LLMEngine(str(tiny_model_dir("llama")), num_kv_blocks=128, block_size=16, dtype="float32", device="cpu")
+    return LLMEngine(
+        str(tiny_model_dir("llama")), num_kv_blocks=128, block_size=16, dtype="float32", device="cpu"
+    )
 
 
 PROMPTS = ["The quick brown fox", "Hello there, how are you today?", "a"]
@@ -65,7 +67,9 @@ def test_stop_string_across_tokens(llm):
     ids = full.token_ids
     # A stop string that starts inside one token's text and ends inside a later one.
     pieces = [llm.tokenizer.decode(ids[: i + 1], skip_special_tokens=True) for i in range(len(ids))]
-    k = next(i for i in range(2, len(ids)) if len(pieces[i]) - len(pieces[i - 2]) >= 3 and len(pieces[i - 2]) > 1)
+    k = next(
+        i for i in range(2, len(ids)) if len(pieces[i]) - len(pieces[i - 2]) >= 3 and len(pieces[i - 2]) > 1
+    )
     start = len(pieces[k - 2]) - 1
     stop = full.text[start : len(pieces[k]) - 1]
     assert len(stop) >= 2
@@ -80,13 +84,19 @@ def test_stop_token_ids_and_min_tokens(llm):
     ids = llm.generate([PROMPTS[1]], greedy)[0].token_ids
     stop_id = ids[3]
     out = llm.generate([PROMPTS[1]], greedy.model_copy(update={"stop_token_ids": [stop_id]}))[0]
-    assert out.finish_reason == "stop" and out.token_ids[-1] == stop_id and len(out.token_ids) == ids.index(stop_id) + 1
+    assert (
+        out.finish_reason == "stop"
+        and out.token_ids[-1] == stop_id
+        and len(out.token_ids) == ids.index(stop_id) + 1
+    )
     late = greedy.model_copy(update={"stop_token_ids": [stop_id], "min_tokens": 8})
     assert len(llm.generate([PROMPTS[1]], late)[0].token_ids) >= 8
 
 
 def test_logprobs(llm):
-    out = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=5, temperature=0, logprobs=3, ignore_eos=True))[0]
+    out = llm.generate(
+        [PROMPTS[2]], SamplingParams(max_tokens=5, temperature=0, logprobs=3, ignore_eos=True)
+    )[0]
     assert len(out.outputs[0].logprobs) == 5
     for token, lps in zip(out.token_ids, out.outputs[0].logprobs, strict=True):
         assert lps[0][0] == token and len(lps) == 4
@@ -118,9 +128,24 @@ def test_resume_from_prior_tokens(llm):
 
 
 def test_resume_already_complete(llm):
-    llm.add_request("r2", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0), prior_output_token_ids=[[9, 10]])
+    llm.add_request(
+        "r2", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0), prior_output_token_ids=[[9, 10]]
+    )
     (final,) = llm.step()
     assert final.finished and final.finish_reason == "length" and final.new_token_ids == []
+
+
+def test_resume_samples_that_had_stopped(llm):
+    eos = min(llm.eos_token_ids)
+    params = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=3, stop_token_ids=[11])
+    # Sample 0 had ended on EOS, sample 1 on a stop token; only sample 2 still runs.
+    llm.add_request("r3", [5, 6, 7], params, prior_output_token_ids=[[9, eos], [11], [12]])
+    deltas = _drain(llm)
+    assert [d.finish_reason for d in deltas[("r3", 0)]] == ["stop"]
+    assert [d.finish_reason for d in deltas[("r3", 1)]] == ["stop"]
+    assert deltas[("r3", 0)][0].new_token_ids == [] and deltas[("r3", 1)][0].new_token_ids == []
+    assert deltas[("r3", 2)][-1].num_output_tokens >= 2
+    assert llm.stats().num_kv_blocks_used == 0
 
 
 @pytest.mark.parametrize(
@@ -138,7 +163,9 @@ def test_rejections(llm, prompt, params, message):
 
 
 def test_pool_too_small_and_duplicate_id(tiny_model_dir):
-    small = LLMEngine(str(tiny_model_dir("llama")), num_kv_blocks=2, block_size=16, dtype="float32", device="cpu")
+    small = LLMEngine(
+        str(tiny_model_dir("llama")), num_kv_blocks=2, block_size=16, dtype="float32", device="cpu"
+    )
     with pytest.raises(RequestRejected, match="block"):
         small.add_request("big", list(range(3, 40)), SamplingParams(max_tokens=8))
     small.add_request("dup", [3, 4], SamplingParams(max_tokens=2))
