@@ -7,6 +7,7 @@ CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>.
 from __future__ import annotations
 
 import click
+import redis
 
 from worker.sizes import parse_size
 
@@ -133,7 +134,10 @@ def worker(**kw) -> None:
     # Handlers only set a flag; the loop does the rest between steps.
     signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())
-    w.run()
+    try:
+        w.run()
+    except redis.AuthenticationError as exc:
+        raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
 
 
 @main.command()

@@ -76,7 +76,8 @@ def with_retry(
         try:
             result = action()
         except DOWN_ERRORS as exc:
-            if should_stop():
+            # A refused password or ACL user will not get better by waiting: fail with the reason.
+            if should_stop() or isinstance(exc, redis.AuthenticationError):
                 raise
             delay = backoff.next_delay()
             log.warning("redis unavailable, retrying", during=what, error=str(exc), retry_in_s=delay)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 from worker_fakes import FakeEngine, running_worker
 
 from worker import local_redis
 from worker.client import collect, enqueue
+from worker.config import WorkerConfig
 from worker.connection import connect
+from worker.loop import Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -52,3 +56,12 @@ def test_acl_user_url(secured):
 def test_wrong_password_is_refused(secured):
     with pytest.raises(redis.exceptions.AuthenticationError):
         connect(f"redis://conveyor:wrong@127.0.0.1:{secured.port}/0").ping()
+
+
+def test_worker_with_wrong_password_exits(secured):
+    url = f"redis://conveyor:wrong@127.0.0.1:{secured.port}/0"
+    worker = Worker(FakeEngine(), connect(url), WorkerConfig(group="test", consumer="w-bad"))
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        worker.run()
+    assert time.monotonic() - started < 10
