@@ -35,6 +35,7 @@ class Plan:
     dtype: str
     # seq_len -> how many sequences of that length fit in the KV pool at once
     concurrency: dict[int, int]
+    max_num_seqs: int = 64
 
     @property
     def kv_tokens(self) -> int:
@@ -62,7 +63,7 @@ def plan(
     max_model_len: int | None = None,
     dtype: str = "bfloat16",
     block_size: int = 16,
-    seq_lens: Sequence[int] = (512, 2048, 8192),
+    seq_lens: Sequence[int] | None = None,
     *,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 64,
@@ -85,7 +86,12 @@ def plan(
     budget = max(0, memory_bytes - weights - reserve)
     blocks = budget // per_block
     model_len = max_model_len or cfg.get("max_position_embeddings", 2048)
-    concurrency = {n: blocks // math.ceil(min(n, model_len) / block_size) for n in seq_lens}
+    if seq_lens is None:  # a short, a medium and a full-length sequence
+        seq_lens = sorted({max(1, model_len // 8), max(1, model_len // 2), model_len})
+    too_long = [n for n in seq_lens if n > model_len or n < 1]
+    if too_long:
+        raise ValueError(f"sequence lengths {too_long} are outside 1..max_model_len ({model_len})")
+    concurrency = {n: blocks // math.ceil(n / block_size) for n in seq_lens}
     return Plan(
         num_params=params,
         weight_bytes=weights,
@@ -99,6 +105,7 @@ def plan(
         max_model_len=model_len,
         dtype=dtype,
         concurrency=concurrency,
+        max_num_seqs=max_num_seqs,
     )
 
 
@@ -110,9 +117,16 @@ def _size(n: float) -> str:
     raise AssertionError
 
 
+def _count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
 def format_plan(p: Plan) -> str:
     lines = [
-        f"parameters          {p.num_params / 1e9:.3f} B  ({p.dtype}: weights {_size(p.weight_bytes)})",
+        f"parameters          {_count(p.num_params)}  ({p.dtype}: weights {_size(p.weight_bytes)})",
         f"KV per token        {_size(p.kv_bytes_per_token)}",
         f"KV per block        {_size(p.kv_bytes_per_block)}  (block_size {p.block_size})",
         f"memory budget       {_size(p.memory_bytes)}",
@@ -123,5 +137,6 @@ def format_plan(p: Plan) -> str:
     if p.num_blocks == 0:
         lines.append("WARNING: the weights and reserve leave no room for the KV cache")
     for n, k in p.concurrency.items():
-        lines.append(f"sequences of {n:>6} tokens at once: {k}")
+        capped = f" (the scheduler runs at most max_num_seqs={p.max_num_seqs})" if k > p.max_num_seqs else ""
+        lines.append(f"sequences of {n:>6} tokens at once: {k}{capped}")
     return "\n".join(lines)

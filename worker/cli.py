@@ -221,11 +221,29 @@ def _size_option(ctx, param, value):
     "--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="bfloat16", show_default=True
 )
 @click.option("--block-size", type=int, default=16, show_default=True)
-def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int) -> None:
-    """How many KV blocks and concurrent sequences fit in a memory budget."""
+@click.option("--max-num-seqs", type=int, default=64, show_default=True)
+@click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True)
+@click.option(
+    "--seq-len", "seq_lens", type=int, multiple=True, help="sequence lengths to size for (repeatable)"
+)
+def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int, **kw) -> None:
+    """How many KV blocks and concurrent sequences fit in a memory budget (reads only config.json)."""
     from engine.plan import format_plan, plan
 
-    click.echo(format_plan(plan(model, memory, max_model_len, dtype=dtype, block_size=block_size)))
+    try:
+        result = plan(
+            model,
+            memory,
+            max_model_len,
+            dtype=dtype,
+            block_size=block_size,
+            seq_lens=kw["seq_lens"] or None,
+            max_num_seqs=kw["max_num_seqs"],
+            max_num_batched_tokens=kw["max_num_batched_tokens"],
+        )
+    except (OSError, KeyError, ValueError) as exc:
+        raise click.ClickException(f"cannot plan for {model}: {exc}") from exc
+    click.echo(format_plan(result))
 
 
 if __name__ == "__main__":

