@@ -1,13 +1,19 @@
 """End-to-end throughput through Redis against the same workload on LLMEngine directly, in one run.
 
-    python benchmarks/redis_e2e.py [--model tiny] [--jobs 64] [--max-tokens 128] [--device auto]
+    python benchmarks/redis_e2e.py                      # the engine benchmark's workload and ~50M model
+    python benchmarks/redis_e2e.py --quick              # 64 requests, prompts and outputs <= 128
+    python benchmarks/redis_e2e.py --model tiny         # the tiny test model (steps of a few ms)
 
+The workload is benchmarks/throughput.py's (`make_workload`, `bench_model_dir`: 256 requests, prompts
+16-512 tokens, heavy-tailed outputs, greedy with ignore_eos), with the same engine settings (batch 64,
+2048 batched tokens, 4096 KV blocks of 16, float32).
 Direct: add every request to an LLMEngine, step until done. Through Redis: a Worker (on a thread, as in
-`conveyor worker`) serves the same requests submitted as jobs, while a separate client process reads
-every output stream to its terminal event. Both engines are built the same way and warmed up first.
-Latency: from step() returning a token to the MULTI/EXEC that wrote its event being answered by Redis
-(after which any reader sees it), over all rounds with the 64 streams live.
-Targets: Redis throughput >= 90% of direct; latency p99 < 5 ms. Writes JSON to benchmarks/results/.
+`conveyor worker`) serves the same requests submitted as jobs (`prompt_token_ids`), while a separate
+client process reads every output stream to its terminal event. Both engines are built the same way,
+with the same torch threads, and warmed up first.
+Latency: from step() returning a token to the client process having read its event (sample->client),
+with up to 64 streams live; also to the MULTI/EXEC that wrote it being answered (sample->EXEC).
+Targets: Redis throughput >= 90% of direct; sample->client p99 < 5 ms. Writes JSON to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.workload import Job, bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
@@ -30,24 +37,28 @@ from worker.keys import EVENT_FIELD, Keys  # noqa: E402
 from worker.tiny import resolve_model  # noqa: E402
 
 
-def prompts(n: int) -> list[str]:
-    words = "the quick brown fox jumps over a lazy dog while redis streams carry tokens".split()
-    return [" ".join(words[(k + j) % len(words)] for j in range(8 + k % 24)) for k in range(n)]
-
-
 def make_engine(args):
     from engine import LLMEngine
 
-    kw = {"max_num_seqs": max(args.jobs, 1), "device": args.device}
-    if args.num_kv_blocks:
-        kw["num_kv_blocks"] = args.num_kv_blocks
-    return LLMEngine(args.model, **kw)
+    return LLMEngine(
+        args.model,
+        max_num_seqs=args.max_batch,
+        max_num_batched_tokens=args.max_batched_tokens,
+        num_kv_blocks=args.kv_blocks,
+        block_size=16,
+        dtype="float32",
+        device=args.device,
+    )
 
 
-def params(args):
+def params(job: Job):
     from engine import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=job.max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def warm_up(engine, jobs: list[Job]) -> None:
+    engine.generate([list(j.prompt_token_ids) for j in jobs[:4]], params(Job([], 4)))
 
 
 def run_direct(args) -> dict:
@@ -62,10 +73,10 @@ def run_direct(args) -> dict:
 
 def _direct(args) -> dict:
     engine = make_engine(args)
-    engine.generate(prompts(4), params(args))  # warm-up
+    warm_up(engine, args.workload)
     start = time.perf_counter()
-    for k, prompt in enumerate(prompts(args.jobs)):
-        engine.add_request(f"d{k}", prompt, params(args))
+    for k, job in enumerate(args.workload):
+        engine.add_request(f"d{k}", list(job.prompt_token_ids), params(job))
     tokens = 0
     while engine.has_unfinished_requests():
         tokens += sum(len(d.new_token_ids) for d in engine.step())
@@ -100,13 +111,13 @@ def run_redis(args, url: str) -> dict:
     from worker.loop import Worker
 
     engine = make_engine(args)
-    engine.generate(prompts(4), params(args))  # warm-up
+    warm_up(engine, args.workload)
     prefix = f"bench-{os.getpid()}-{int(time.time())}"
     keys = Keys(prefix)
     worker = Worker(engine, connect(url), WorkerConfig(group="bench", consumer="bench-1", keys=keys))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
-    ids = [f"b{k}" for k in range(args.jobs)]
+    ids = [f"b{k}" for k in range(len(args.workload))]
     ctx = mp.get_context("spawn")
     ready, result = ctx.Event(), ctx.Queue()
     reader = ctx.Process(target=consume, args=(url, prefix, ids, ready, result))
@@ -116,18 +127,22 @@ def run_redis(args, url: str) -> dict:
     time.sleep(0.5)  # let the idle worker block in XREADGROUP, as in service
     worker.publish_latencies.clear()
     worker.trace = []
-    p = params(args)
+    payloads = [
+        json.dumps(
+            {
+                "id": job_id,
+                "prompt_token_ids": job.prompt_token_ids,
+                "max_tokens": job.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
+        )
+        for job_id, job in zip(ids, args.workload, strict=True)
+    ]
     start = time.perf_counter()
     pipe = client.pipeline(transaction=False)
-    for job_id, prompt in zip(ids, prompts(args.jobs), strict=True):
-        job = {
-            "id": job_id,
-            "prompt": prompt,
-            "max_tokens": p.max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": True,
-        }
-        pipe.xadd(keys.requests, {b"job": json.dumps(job)})
+    for payload in payloads:
+        pipe.xadd(keys.requests, {b"job": payload})
     pipe.execute()
     tokens, end, arrivals = result.get(timeout=600)
     reader.join()
@@ -159,24 +174,53 @@ def percentiles(values: list[float]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--jobs", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--num-kv-blocks", type=int, default=2048)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="bench", help="bench (default), tiny[:arch], or a folder")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--max-prompt", type=int, default=512)
+    parser.add_argument("--max-output", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
+    parser.add_argument("--max-batch", type=int, default=64, help="max_num_seqs: concurrent streams")
+    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-blocks", type=int, default=4096, help="KV pool in blocks of 16 tokens")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--redis-url", default=None, help="default: start a local redis-server")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="alternate direct/redis runs; medians reported"
+        "--repeats", type=int, default=1, help="alternate direct/redis runs; medians reported"
     )
-    parser.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch.set_num_threads for both runs (0: torch's default, one per core)",
+    )
+    parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    args.model = resolve_model(args.model)
-    if args.torch_threads:
-        import torch
+    if args.quick:
+        args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
+    if args.model == "bench":
+        args.model = str(bench_model_dir(args.model_cache))
+    else:
+        args.model = resolve_model(args.model)
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    args.workload = make_workload(
+        args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output, vocab_size=vocab
+    )
+    import torch
 
+    torch.manual_seed(0)
+    if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    print(
+        f"workload: {len(args.workload)} requests, "
+        f"prompt tokens {sum(len(j.prompt_token_ids) for j in args.workload)}, "
+        f"output tokens {sum(j.max_tokens for j in args.workload)}, max batch {args.max_batch}, "
+        f"torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
 
     server = None
     url = args.redis_url
@@ -184,7 +228,14 @@ def main() -> None:
         server = local_redis.start()
         url = server.url
     try:
-        runs = [(run_direct(args), run_redis(args, url)) for _ in range(args.repeats)]
+        runs = []
+        for k in range(args.repeats):
+            print(f"run {k + 1}/{args.repeats}: direct ...", flush=True)
+            direct = run_direct(args)
+            print(f"  {direct['tokens_per_s']:.1f} tok/s; through redis ...", flush=True)
+            through = run_redis(args, url)
+            print(f"  {through['tokens_per_s']:.1f} tok/s", flush=True)
+            runs.append((direct, through))
         # The machine may be shared: alternate the two and keep each one's median run.
         direct = sorted((d for d, _ in runs), key=lambda x: x["tokens_per_s"])[len(runs) // 2]
         through = sorted((t for _, t in runs), key=lambda x: x["tokens_per_s"])[len(runs) // 2]
@@ -196,9 +247,13 @@ def main() -> None:
     report = {
         "model": args.model,
         "device": args.device,
-        "jobs": args.jobs,
-        "max_tokens": args.max_tokens,
-        "torch_threads": args.torch_threads,
+        "num_requests": len(args.workload),
+        "max_prompt": args.max_prompt,
+        "max_output": args.max_output,
+        "max_batch": args.max_batch,
+        "max_batched_tokens": args.max_batched_tokens,
+        "kv_blocks": args.kv_blocks,
+        "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "direct": direct,
         "redis": through,

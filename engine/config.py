@@ -49,9 +49,6 @@ class EngineConfig:
     scheduling: Literal["continuous", "static"] = "continuous"
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
-    # CUDA graphs for decode steps (CUDA only).
-    use_cuda_graphs: bool = True
-    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -69,7 +69,6 @@ def engine_options(f):
         opt("--scheduling", type=click.Choice(["continuous", "static"]), default="continuous"),
         opt("--scheduling-policy", type=click.Choice(["fcfs", "priority"]), default="fcfs"),
         opt("--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default="auto"),
-        opt("--use-cuda-graphs/--no-use-cuda-graphs", default=True),
     ]
     for decorator in reversed(decorators):
         f = decorator(f)
@@ -78,7 +77,7 @@ def engine_options(f):
 
 ENGINE_KEYS = (
     "block_size max_num_seqs max_num_batched_tokens max_model_len num_kv_blocks kv_cache_memory "
-    "enable_prefix_caching dtype device scheduling scheduling_policy attention_backend use_cuda_graphs"
+    "enable_prefix_caching dtype device scheduling scheduling_policy attention_backend"
 ).split()
 
 

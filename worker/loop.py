@@ -29,7 +29,7 @@ from worker.connection import DOWN_ERRORS, Backoff, with_retry
 from worker.events import done_event, token_event
 from worker.lease import add_release, add_renewal
 from worker.metrics import Metrics
-from worker.publish import add_events, add_finish
+from worker.publish import Batch, Publisher
 from worker.reclaim import Reclaimer
 from worker.round import Round
 from worker.state import InFlight
@@ -60,6 +60,7 @@ class Worker:
         self.next = Round()
         self.cancels = CancelListener(client, cfg.keys.cancel_channel)
         self.reclaimer = Reclaimer(cfg)
+        self.publisher = Publisher(self._lost, lambda: self.next)
         self.admitter = Admitter(
             cfg, engine, lambda: self.next, self.inflight.get, self._admitted, self.metrics.job
         )
@@ -76,7 +77,7 @@ class Worker:
 
     # ---- the loop -------------------------------------------------------------------------------------
     def run(self) -> None:
-        self._startup()
+        self.start()
         try:
             while not self.stop.cold.is_set():
                 if self.stop.warm.is_set() and self._drain_deadline is None:
@@ -85,26 +86,28 @@ class Worker:
                     not self.inflight or time.monotonic() > self._drain_deadline
                 ):
                     break
-                self._abort_cancelled_and_overdue()
-                busy = self.engine.has_unfinished_requests()
-                if not busy and not (
-                    self.inflight or self.arrived or len(self.next) or self._heartbeat_due()
-                ):
-                    self._wait_for_jobs()
-                    continue
-                rnd = self._build_round(busy)
-                sent = self._send(rnd)
-                # Redis applies the round while the engine computes; replies are read on the I/O thread.
-                future = self.io.submit(rnd.receive, sent) if sent is not None else None
-                deltas = self.engine.step() if busy else []
-                sampled_at, sampled_wall = time.perf_counter(), time.time()
-                rnd.dispatch(self._results(rnd, future))
-                self._publish(deltas, sampled_at, sampled_wall)
-                self._observe(deltas)
+                self.tick()
         finally:
             self._shutdown()
 
-    def _startup(self) -> None:
+    def tick(self) -> None:
+        """One pass of the loop: a step with its round, or an idle wait. Tests drive workers with it."""
+        self._abort_cancelled_and_overdue()
+        busy = self.engine.has_unfinished_requests()
+        if not busy and not (self.inflight or self.arrived or len(self.next) or self._heartbeat_due()):
+            self._wait_for_jobs()
+            return
+        rnd = self._build_round(busy)
+        sent = self._send(rnd)
+        # Redis applies the round while the engine computes; replies are read on the I/O thread.
+        future = self.io.submit(rnd.receive, sent) if sent is not None else None
+        deltas = self.engine.step() if busy else []
+        sampled_at, sampled_wall = time.perf_counter(), time.time()
+        rnd.dispatch(self._results(rnd, future))
+        self._publish(deltas, sampled_at, sampled_wall)
+        self._observe(deltas)
+
+    def start(self) -> None:
         # The model and tokenizer are millions of long-lived objects: a full collection walking them
         # stalled the loop for ~200 ms mid-generation. Freezing moves them out of the collector's view.
         gc.collect()
@@ -334,15 +337,18 @@ class Worker:
                     self.metrics.ttft.observe(max(0.0, now_ms - job.enqueued_ms) / 1000)
             if delta.finished and len(job.finished) == job.n:
                 done.append(job)
-        for job_id, payloads in by_job.items():
-            add_events(rnd, self.cfg, self.inflight[job_id], payloads, self._lost)
-        for job in done:
-            add_events(rnd, self.cfg, job, [done_event(job, now_ms)], self._lost, terminal=True)
-            add_finish(rnd, self.cfg, job)  # the ack rides in the same MULTI, after the terminal event
-            del self.inflight[job.job_id]
-            self._finished(job, now_ms)
         if by_job:
             rnd.sampled_at = sampled_at
+        batch = Batch(self.cfg)
+        for job in done:
+            # The ack rides in the same script call, only if the terminal event was written (publish.py).
+            batch.add(job, [*by_job.pop(job.job_id, ()), done_event(job, now_ms)], terminal=True)
+        for job_id, payloads in by_job.items():
+            batch.add(self.inflight[job_id], payloads)
+        for job in done:
+            del self.inflight[job.job_id]
+            self._finished(job, now_ms)
+        self.publisher.add(rnd, batch)
 
     def _finished(self, job: InFlight, now_ms: float) -> None:
         reason = job.finished[0][0]

@@ -29,11 +29,11 @@ def test_worker_options_come_from_the_environment(monkeypatch):
 
     monkeypatch.setattr(engine, "LLMEngine", fake_engine, raising=False)
     env = {"CONVEYOR_MODEL": "/some/model", "CONVEYOR_MAX_NUM_SEQS": "7", "CONVEYOR_WORKER_BLOCK_SIZE": "32"}
-    result = CliRunner().invoke(main, ["worker", "--no-use-cuda-graphs"], env=env)
+    result = CliRunner().invoke(main, ["worker", "--no-enable-prefix-caching"], env=env)
     assert isinstance(result.exception, _Built), result.output
     model, kw = result.exception.args
     assert model == "/some/model" and kw["max_num_seqs"] == 7 and kw["block_size"] == 32
-    assert kw["use_cuda_graphs"] is False and kw["enable_prefix_caching"] is True
+    assert kw["enable_prefix_caching"] is False and kw["scheduling"] == "continuous"
 
 
 @pytest.mark.redis
