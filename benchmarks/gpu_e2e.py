@@ -1,8 +1,12 @@
 """End-to-end output tokens/s on a GPU: the same seeded workload through LLMEngine with the Triton and
 the torch attention backends (bf16), in the style of benchmarks/throughput.py.
 
-    python benchmarks/gpu_e2e.py                    # CUDA: 256 requests, batch 64
-    python benchmarks/gpu_e2e.py --dry-run          # CPU, fp32, Triton interpreter, 2 tiny requests
+    python benchmarks/gpu_e2e.py                                # CUDA: Qwen2.5-0.5B and Llama-8B shapes
+    python benchmarks/gpu_e2e.py --shapes qwen2.5-0.5b          # one shape
+    python benchmarks/gpu_e2e.py --dry-run                      # CPU, fp32, Triton interpreter, tiny
+
+Models are random weights with the shapes of the published ones (benchmarks/workload.py SHAPES), made
+once under --model-cache; the 8B one takes ~16 GB of disk and a few minutes to write.
 
 Writes JSON to benchmarks/results/gpu_e2e.json (gpu_e2e-dry-run.json for --dry-run).
 """
@@ -23,10 +27,11 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
+from benchmarks.workload import SHAPES, bench_model_dir, make_workload  # noqa: E402
 from engine import LLMEngine, SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
 
 
 def run(model_dir: Path, jobs, backend: str, a: argparse.Namespace) -> dict:
@@ -69,6 +74,7 @@ def main() -> None:
     p.add_argument("--max-batched-tokens", type=int, default=4096)
     p.add_argument("--kv-blocks", type=int, default=8192)
     p.add_argument("--backends", default="triton,torch")
+    p.add_argument("--shapes", default="qwen2.5-0.5b,llama-8b", help="comma-separated: " + ",".join(SHAPES))
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     a = p.parse_args()
@@ -76,30 +82,44 @@ def main() -> None:
     if a.dry_run:
         a.num_requests, a.max_prompt, a.max_output, a.max_batch, a.kv_blocks = 2, 20, 2, 2, 16
     torch.manual_seed(0)
-    model_dir = bench_model_dir(a.model_cache)
+    report = {}
+    for shape in a.shapes.split(","):
+        arch, dims = SHAPES[shape]
+        # The interpreter is slow: a dry run uses a tiny model of the same architecture.
+        model_dir = bench_model_dir(a.model_cache, arch, **(TINY if a.dry_run else dims))
+        report[shape] = run_shape(model_dir, shape, a)
+    out = RESULTS / ("gpu_e2e-dry-run.json" if a.dry_run else "gpu_e2e.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": report}, indent=2))
+    print(f"wrote {out}")
+
+
+def run_shape(model_dir: Path, shape: str, a: argparse.Namespace) -> dict:
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     jobs = make_workload(
-        a.num_requests, min_prompt=min(16, a.max_prompt), max_prompt=a.max_prompt, max_output=a.max_output
+        a.num_requests,
+        min_prompt=min(16, a.max_prompt),
+        max_prompt=a.max_prompt,
+        max_output=a.max_output,
+        vocab_size=vocab_size,
     )
     results = {}
     for backend in a.backends.split(","):
         results[backend] = run(model_dir, jobs, backend, a)
         print(
-            f"{backend}: {results[backend]['tokens_per_s']:.1f} output tok/s in {results[backend]['seconds']:.1f} s"
+            f"{shape} {backend}: {results[backend]['tokens_per_s']:.1f} output tok/s "
+            f"in {results[backend]['seconds']:.1f} s"
         )
     if len(results) > 1:
         # Greedy decoding: backends should agree token for token (bf16 may flip rare near-ties).
         first = next(iter(results.values()))["tokens"]
         same = {b: sum(r["tokens"][k] == first[k] for k in first) / len(first) for b, r in results.items()}
-        print(f"share of requests with identical tokens vs {next(iter(results))}: {same}")
+        print(f"{shape}: share of requests with identical tokens vs {next(iter(results))}: {same}")
         results["identical_share"] = same
     for r in results.values():
-        r.pop("tokens", None)
-    out = RESULTS / ("gpu_e2e-dry-run.json" if a.dry_run else "gpu_e2e.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "results": results}, indent=2)
-    )
-    print(f"wrote {out}")
+        if isinstance(r, dict):
+            r.pop("tokens", None)
+    return results
 
 
 if __name__ == "__main__":

@@ -49,13 +49,51 @@ BENCH_MODEL = dict(
 )
 
 
-def bench_model_dir(cache_dir: Path, **overrides: object) -> Path:
-    """Build (once) the random-weight benchmark model under cache_dir and return its folder."""
+# Random-weight stand-ins with the shapes of published models, for GPU end-to-end runs.
+SHAPES: dict[str, tuple[str, dict]] = {
+    "bench-50m": ("llama", BENCH_MODEL),
+    "qwen2.5-0.5b": (
+        "qwen2",
+        dict(
+            hidden_size=896,
+            num_layers=24,
+            num_heads=14,
+            num_kv_heads=2,
+            intermediate_size=4864,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            torch_dtype="bfloat16",
+        ),
+    ),
+    "llama-8b": (
+        "llama",
+        dict(
+            hidden_size=4096,
+            num_layers=32,
+            num_heads=32,
+            num_kv_heads=8,
+            intermediate_size=14336,
+            vocab_size=128256,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+            torch_dtype="bfloat16",
+        ),
+    ),
+}
+
+
+def bench_model_dir(cache_dir: Path, arch: str = "llama", **overrides: object) -> Path:
+    """Build (once) a random-weight model under cache_dir (the ~50M benchmark model unless overridden)."""
     from engine.tiny_model import make_tiny_model
 
     shape = {**BENCH_MODEL, **overrides}
-    name = "bench-" + "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
+    name = f"bench-{arch}-" + "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
     out = cache_dir / name
     if not (out / "config.json").exists():
-        make_tiny_model(out, arch="llama", seed=0, **shape)
+        tmp = out.with_name(out.name + ".partial")
+        make_tiny_model(tmp, arch=arch, seed=0, **shape)
+        tmp.rename(out)
     return out

@@ -99,6 +99,12 @@ ENGINE_KEYS = (
 @opt("--max-prompt-tokens", type=int, default=None)
 @opt("--max-tokens-limit", type=int, default=None, help="largest max_tokens a job may ask for")
 @opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
+@opt(
+    "--torch-threads",
+    type=int,
+    default=0,
+    help="torch intra-op threads (0: torch's default, one per core)",
+)
 @opt("--log-level", default="info")
 def worker(**kw) -> None:
     """Serve jobs from the requests stream until SIGTERM (drain) or a second signal (exit at once)."""
@@ -114,6 +120,10 @@ def worker(**kw) -> None:
 
     logs.configure(kw.pop("log_level"))
     model = resolve_model(kw.pop("model"))
+    if threads := kw.pop("torch_threads"):
+        import torch
+
+        torch.set_num_threads(threads)
     engine = LLMEngine(model, **{k: kw.pop(k) for k in ENGINE_KEYS})
     client = _client(kw)
     cfg = WorkerConfig(
