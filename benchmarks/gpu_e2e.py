@@ -27,24 +27,15 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import SHAPES, bench_model_dir, make_workload  # noqa: E402
-from engine import LLMEngine, SamplingParams  # noqa: E402
+from benchmarks.workload import SHAPES, bench_engine, bench_model_dir, make_workload  # noqa: E402
+from engine import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
 
 
 def run(model_dir: Path, jobs, backend: str, a: argparse.Namespace) -> dict:
-    engine = LLMEngine(
-        str(model_dir),
-        max_num_seqs=a.max_batch,
-        max_num_batched_tokens=a.max_batched_tokens,
-        num_kv_blocks=a.kv_blocks,
-        block_size=16,
-        dtype=a.dtype,
-        device=a.device,
-        attention_backend=backend,
-    )
+    engine = bench_engine(model_dir, a, dtype=a.dtype, device=a.device, attention_backend=backend)
     for i, job in enumerate(jobs):
         params = SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True)
         engine.add_request(f"r{i}", job.prompt_token_ids, params)

@@ -22,23 +22,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import Job, bench_model_dir, make_workload  # noqa: E402
-from engine import LLMEngine, SamplingParams  # noqa: E402
+from benchmarks.workload import Job, bench_engine, bench_model_dir, make_workload  # noqa: E402
+from engine import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, scheduling: str) -> dict:
-    engine = LLMEngine(
-        str(model_dir),
-        max_num_seqs=args.max_batch,
-        max_num_batched_tokens=args.max_batched_tokens,
-        num_kv_blocks=args.kv_blocks,
-        block_size=16,
-        dtype="float32",
-        device="cpu",
-        scheduling=scheduling,
-    )
+    engine = bench_engine(model_dir, args, dtype="float32", device="cpu", scheduling=scheduling)
     for i, job in enumerate(jobs):
         engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
     produced = 0

@@ -97,3 +97,17 @@ def bench_model_dir(cache_dir: Path, arch: str = "llama", **overrides: object) -
         make_tiny_model(tmp, arch=arch, seed=0, **shape)
         tmp.rename(out)
     return out
+
+
+def bench_engine(model_dir: Path, args: object, **options: object):
+    """LLMEngine at the benchmark's batch limits (`args.max_batch`, `.max_batched_tokens`, `.kv_blocks`)."""
+    from engine import LLMEngine
+
+    return LLMEngine(
+        str(model_dir),
+        max_num_seqs=args.max_batch,
+        max_num_batched_tokens=args.max_batched_tokens,
+        num_kv_blocks=args.kv_blocks,
+        block_size=16,
+        **options,
+    )

@@ -125,7 +125,10 @@ def _paged_attention_kernel(
     )
 
 
-def validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens) -> None:
+def validate_attention_args(
+    query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, out
+) -> torch.Tensor:
+    """Check every argument shared by the paged attention launchers; return `out`, allocated if None."""
     check_cache("k_cache", k_cache)
     check_cache("v_cache", v_cache)
     check(k_cache.shape == v_cache.shape, f"k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}")
@@ -152,6 +155,17 @@ def validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens) -> 
     )
     devices = {t.device for t in (query, k_cache, v_cache, block_tables, seq_lens)}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    block_size = k_cache.shape[1]
+    check(
+        block_tables.shape[1] * block_size >= max_seq_len,
+        f"block_tables width {block_tables.shape[1]} x block_size {block_size} < max_seq_len {max_seq_len}",
+    )
+    if out is None:
+        out = torch.empty_like(query)
+    check(
+        out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query"
+    )
+    return out
 
 
 def dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
@@ -174,22 +188,13 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [T, Hq, D], dtype of query
 ) -> torch.Tensor:
-    validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens)
+    out = validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, out)
     num_seqs = seq_lens.shape[0]
     check(
         query_start_loc.dtype == torch.int32 and query_start_loc.shape == (num_seqs + 1,),
         f"query_start_loc must be int32 [{num_seqs + 1}]",
     )
     block_size = k_cache.shape[1]
-    check(
-        block_tables.shape[1] * block_size >= max_seq_len,
-        f"block_tables width {block_tables.shape[1]} x block_size {block_size} < max_seq_len {max_seq_len}",
-    )
-    if out is None:
-        out = torch.empty_like(query)
-    check(
-        out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query"
-    )
     if num_seqs == 0 or max_query_len == 0:
         return out
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]

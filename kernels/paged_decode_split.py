@@ -157,7 +157,7 @@ def paged_decode_split(
     num_splits: int,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens)
+    out = validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, out)
     num_seqs = seq_lens.shape[0]
     check(
         query.shape[0] == num_seqs,
@@ -165,15 +165,6 @@ def paged_decode_split(
     )
     check(1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    check(
-        block_tables.shape[1] * block_size >= max_seq_len,
-        f"block_tables width {block_tables.shape[1]} x block_size {block_size} < max_seq_len {max_seq_len}",
-    )
-    if out is None:
-        out = torch.empty_like(query)
-    check(
-        out.shape == query.shape and out.dtype == query.dtype and out.stride(2) == 1, "out must match query"
-    )
     if num_seqs == 0:
         return out
     num_q_heads = query.shape[1]

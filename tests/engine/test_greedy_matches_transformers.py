@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from hf_reference import hf_greedy, hf_model
 
 from engine import LLMEngine, SamplingParams
 
@@ -24,22 +24,8 @@ def _prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 
 def _reference(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    out = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            gen = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        out.append(gen[0, len(prompt) :].tolist())
-    return out
+    model = hf_model(model_dir)
+    return [hf_greedy(model, prompt, max_tokens) for prompt in prompts]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from model_helpers import VARIANTS, hf_model, metadata
+from hf_reference import hf_model
+from model_helpers import VARIANTS, metadata
 
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import load_model

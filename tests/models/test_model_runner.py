@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import VARIANTS, GreedySampler, hf_greedy, hf_model
+from hf_reference import hf_greedy, hf_model
+from model_helpers import VARIANTS, GreedySampler
 
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
