@@ -3,8 +3,8 @@
     python benchmarks/throughput.py                 # the issue's workload: 256 requests, batch 64
     python benchmarks/throughput.py --quick         # a few minutes: 64 requests, shorter prompts
 
-Every system runs the same seeded workload at the same maximum batch, greedy with ignore_eos, so each
-request produces exactly its requested number of tokens. Prints a table and ratios; writes JSON and a
+Every system runs the same seeded workload at the same maximum batch and dtype, greedy with ignore_eos,
+so each request produces exactly its requested number of tokens. Prints a table and ratios; writes JSON and a
 PNG chart under benchmarks/results/.
 """
 
@@ -29,7 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, scheduling: str) -> dict:
-    engine = bench_engine(model_dir, args, dtype="float32", device="cpu", scheduling=scheduling)
+    engine = bench_engine(model_dir, args, dtype=args.dtype, device="cpu", scheduling=scheduling)
     for i, job in enumerate(jobs):
         engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
     produced = 0
@@ -69,17 +69,19 @@ def _params(job: Job) -> SamplingParams:
     return SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True)
 
 
-def _hf_model(model_dir: Path):
+def _hf_model(model_dir: Path, dtype: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+    )
     return model.eval()
 
 
 def run_hf_static(model_dir: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
     """transformers' `generate` over left-padded batches of max_batch; a batch runs to its longest output.
     Only the tokens each request asked for are counted as output."""
-    model = _hf_model(model_dir)
+    model = _hf_model(model_dir, args.dtype)
     produced = 0
     start = time.perf_counter()
     for b in range(0, len(jobs), args.max_batch):
@@ -112,7 +114,7 @@ def run_hf_continuous(model_dir: Path, jobs: list[Job], args: argparse.Namespace
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    model = _hf_model(model_dir)
+    model = _hf_model(model_dir, args.dtype)
     cb = ContinuousBatchingConfig(
         page_size=256,
         num_blocks=max(8, args.kv_blocks * 16 // 256),
@@ -161,6 +163,12 @@ def main() -> None:
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS)
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="weights and activations, the same for every system (bfloat16 uses the CPU's bf16 matmul units)",
+    )
     parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
@@ -198,7 +206,7 @@ def main() -> None:
     report = _report(results, args, jobs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    _chart(results, args.out.with_suffix(".png"))
+    _chart(results, args.out.with_suffix(".png"), args.dtype)
     print(json.dumps(report["ratios"], indent=2))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
@@ -226,7 +234,7 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
     }
 
 
-def _chart(results: dict[str, dict], path: Path) -> None:
+def _chart(results: dict[str, dict], path: Path, dtype: str) -> None:
     try:
         import matplotlib
 
@@ -243,7 +251,7 @@ def _chart(results: dict[str, dict], path: Path) -> None:
         color=["#2a7", "#7a2", "#888", "#aaa"][: len(names)],
     )
     ax.set_ylabel("output tokens/s")
-    ax.set_title("Same workload, same max batch (CPU, fp32)")
+    ax.set_title(f"Same workload, same max batch (CPU, {dtype})")
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -167,8 +167,9 @@ class Worker:
             results = with_retry(
                 lambda: rnd.execute(self.client), "step round", self.stop.cold.is_set, self.backoff
             )
-        if rnd.sampled_at is not None:
-            latency = time.perf_counter() - rnd.sampled_at
+        if rnd.sampled_at is not None and rnd.answered_at is not None:
+            # Read on the I/O thread while the engine stepped: not when this loop got to look at it.
+            latency = rnd.answered_at - rnd.sampled_at
             self.publish_latencies.append(latency)
             self.metrics.publish_latency.observe(latency)
         if any(isinstance(r, redis.ResponseError) and str(r).startswith("NOGROUP") for r in results):

@@ -12,6 +12,7 @@ failed on a dropped connection is sent again whole (`retried` tells handlers so)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,8 +51,10 @@ class Round:
         self.handlers: list[Handler | None] = []
         self._recorder = Recorder(self.stack)
         self.retried = False  # an earlier try may have been applied (see publish.py)
-        # time.perf_counter() when the newest token events in this round were sampled (for latency).
+        # time.perf_counter() when the newest token events in this round were sampled, and when Redis's
+        # EXEC reply was read (written and readable by then): the publish latency.
         self.sampled_at: float | None = None
+        self.answered_at: float | None = None
 
     def add(self, command: Callable[[Recorder], Any], on_result: Handler | None = None) -> None:
         command(self._recorder)
@@ -95,6 +98,7 @@ class Round:
                     queued.append(exc)
             try:
                 replies = connection.read_response()
+                self.answered_at = time.perf_counter()
             except redis.exceptions.ExecAbortError:
                 raise next(e for e in queued if e is not None) from None
         except BaseException:
