@@ -52,6 +52,10 @@ class Scheduler:
         self._forks: dict[str, list[Request]] = {}
         # Group id -> its sample-0 request while siblings may still fork from it.
         self._parents: dict[str, Request] = {}
+        # Static batching: group ids of the current batch, fixed when it starts (the first max_num_seqs
+        # waiting requests); only they are admitted until the batch is gone, even if their prefill takes
+        # several steps. Group ids, so that the samples of an n > 1 request stay in their batch.
+        self._static_batch: set[str] = set()
         self.num_preemptions = 0
 
     # ------------------------------------------------------------------ requests
@@ -128,12 +132,14 @@ class Scheduler:
             budget -= n
             i += 1
 
-        # Static batching: a new batch only once the last one is gone; its own preempted members may return.
-        batch_open = cfg.scheduling == "static" and was_running
+        static = cfg.scheduling == "static"
+        if static and not was_running:
+            firsts = zip(self.waiting, range(cfg.max_num_seqs), strict=False)
+            self._static_batch = {r.group_id for r, _ in firsts}
         num_seqs = len(running) + len(step.forked) + self._reserved_fork_slots()
         while self.waiting and budget > 0 and num_seqs < cfg.max_num_seqs and not step.preempted:
             request = self.waiting.peek()
-            if batch_open and request.status != RequestStatus.PREEMPTED:
+            if static and request.group_id not in self._static_batch:
                 break
             cached = self.kv.get_computed_blocks(request)
             n = min(request.num_tokens - cached.num_tokens, budget)

@@ -148,6 +148,20 @@ def test_static_admits_only_after_whole_batch_finished():
     assert list(work(run_step(sched)[0])) == ["r2"]
 
 
+def test_static_batch_fills_while_its_prefill_spans_steps():
+    # A budget of 6 tokens prefills 4-token prompts over several steps; the batch is still r0..r2.
+    sched = make_scheduler(max_num_seqs=3, max_num_batched_tokens=6, scheduling="static")
+    reqs = make_requests(5, 4, 3)
+    add_all(sched, reqs)
+    admitted = []
+    while not reqs[2].is_finished:
+        admitted += [r for r in work(run_step(sched)[0]) if r not in admitted]
+    assert admitted == ["r0", "r1", "r2"]
+    while sched.running:
+        assert "r3" not in work(run_step(sched)[0])
+    assert list(work(run_step(sched)[0])) == ["r3", "r4"]  # the next batch
+
+
 def test_continuous_admits_into_freed_slot():
     sched = make_scheduler(max_num_seqs=2)
     a, b, c = make_requests(3, 4, 1)
