@@ -34,8 +34,8 @@ FINISH_REASONS = {
 class Request:
     """One sequence to generate. For `n > 1` the engine makes n of these sharing a `group_id`.
 
-    `all_token_ids = prompt_token_ids + output_token_ids`; the scheduler computes KV for
-    `all_token_ids[:num_computed_tokens]` and, each step, feeds the next chunk of tokens whose KV is missing.
+    `token_ids() = prompt_token_ids + output_token_ids`; the scheduler computes KV for
+    `token_ids()[:num_computed_tokens]` and, each step, feeds the next chunk of tokens whose KV is missing.
     """
 
     request_id: str
@@ -62,10 +62,6 @@ class Request:
     def __post_init__(self) -> None:
         if not self.group_id:
             self.group_id = self.request_id
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
 
     def token_ids(self) -> list[int]:
         """prompt + output without copying each step; callers must not mutate it."""

@@ -15,7 +15,7 @@ class ScheduledSequence:
     """One sequence's work in this step."""
 
     request_id: str
-    # Token ids whose KV is computed this step: all_token_ids[start_pos : start_pos + len(token_ids)].
+    # Token ids whose KV is computed this step: token_ids()[start_pos : start_pos + len(token_ids)].
     # Empty only for a fork (`fork_of` set): the sequence reuses its parent's KV and logits.
     token_ids: list[int]
     # Absolute position of token_ids[0] (== num_computed_tokens before this step).

@@ -44,7 +44,7 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     params = [r.params for r in requests]
     rep = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device)[:, None]
     if bool((rep != 1.0).any()):
-        seen = token_counts([r.all_token_ids for r in requests], vocab_size, device) > 0  # [B, V] bool
+        seen = token_counts([r.token_ids() for r in requests], vocab_size, device) > 0  # [B, V] bool
         factor = torch.where(logits > 0, 1.0 / rep, rep)  # [B, V] float32
         logits.mul_(torch.where(seen, factor, 1.0))
     freq = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device)[:, None]

@@ -33,7 +33,7 @@ class MiniScheduler:
     def schedule(self, chunk: int | None = None) -> SchedulerOutput:
         seqs = []
         for rid, r in self.requests.items():
-            todo = r.all_token_ids[r.num_computed_tokens :]
+            todo = r.token_ids()[r.num_computed_tokens :]
             if chunk is not None:
                 todo = todo[:chunk]
             end = r.num_computed_tokens + len(todo)
