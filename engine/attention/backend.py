@@ -30,12 +30,17 @@ class AttentionBackend(Protocol):
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]: this step's rows, as passed to write_kv
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], dtype of query
-        """Causal attention of each new token over its sequence's cached context (GQA by head grouping)."""
+        """Causal attention of each new token over its sequence's context (GQA by head grouping).
+
+        The context is in the cache after `write_kv`; `key`/`value` hold this step's rows too, so a backend
+        may read a prefill chunk with no cached context from them instead of gathering it back."""
         ...
 
 

@@ -1,12 +1,16 @@
 """Pure-torch paged attention: the CPU path, and the reference the Triton kernels are compared to.
 
-Index tensors derived from the metadata (gather slots, masks, rows) are built once per step, on the first
-layer's call, and reused by every layer: the per-layer cost is a gather plus one SDPA call.
+Attention runs one sequence at a time. Gathering every decode row's keys into one padded [B, L_max] batch
+looked cheaper (one call per layer) but measured 7x slower on a 2-core CPU at 64 sequences: the padded
+copies (~180 MB per layer) leave the caches and fault in fresh pages on every allocation, while one
+sequence's keys (a few MB at most) stay in cache between the gather and the attention that reads them.
 
-Decode rows (one new token each) run as ONE batched attention over keys gathered into [B, L_max] and a
-padding mask (SDPA in fp32; in bf16/fp16 two matmuls and an fp32 softmax, faster on CPUs). GQA there needs no repeat: the G query heads sharing a KV head are laid out as G "query positions"
-of that KV head, q: [B, kv_heads, G, D], which is exact since a decode query sees every cached key.
-Prefill chunks run one SDPA per sequence with a causal mask offset by the cached context length.
+Per sequence and layer: a gather of its KV blocks (index_select over whole blocks), then one SDPA call.
+A prefill chunk with no cached context reads this step's K/V rows directly and gathers nothing. A decode
+row needs no repeat for GQA: the G query heads sharing a KV head are laid out as G "query positions" of
+that head, q: [kv_heads, G, D], exact because a decode query sees every cached key. A chunk after cached
+context uses a causal mask offset by the context length. What depends only on the step (row ranges,
+block lists, masks) is planned once, on the first layer's call, and reused by every layer.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from engine.attention.metadata import AttentionMetadata
 
 
 @dataclass
-class _Prefill:
+class _Seq:
     start: int  # first row of this sequence in the flat batch
     end: int
-    slots: torch.Tensor  # [seq_len] int64: flat slots of positions 0 .. seq_len-1
-    mask: torch.Tensor | None  # [q_len, seq_len] bool (True = attend); None when plain causal
+    seq_len: int  # keys visible to the last row: cached context + this step's rows
+    blocks: torch.Tensor | None  # [ceil(seq_len / block_size)] int32 block ids; None: no cached context
+    mask: torch.Tensor | None  # [q_len, seq_len] bool (True = attend) for a chunk after cached context
 
 
 @dataclass
@@ -33,16 +38,8 @@ class _StepPlan:
     # Write path: rows of the batch with a real slot, and those slots. rows None = every row.
     write_rows: torch.Tensor | None  # [N] int64
     write_slots: torch.Tensor  # [N] int64
-    # Batched decode: rows of the batch, gather slots and padding mask.
-    decode_rows: torch.Tensor | None  # [B] int64; None when the whole batch is decode rows in order
-    decode_slots: torch.Tensor | None  # [B, L_max] int64 (padding positions point at slot 0..; masked)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, L_max] bool
-    prefills: list[_Prefill]
-
-
-def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    # block_table: [..., max_blocks] int32, positions: [L] int64 -> [..., L] int64 flat slots
-    return block_table[..., positions // block_size].long() * block_size + positions % block_size
+    seqs: list[_Seq]
+    num_real: int  # rows past this are padding (slot -1): zeros in the output
 
 
 def plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
@@ -55,33 +52,16 @@ def plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
         rows = valid.nonzero().squeeze(1)
         wslots = sm[rows]
 
-    starts = [0]
-    for q in meta.query_lens_cpu:
-        starts.append(starts[-1] + q)
-    dec = [s for s, q in enumerate(meta.query_lens_cpu) if q == 1]
-    dec_rows = dec_slots = dec_mask = None
-    if dec:
-        idx = torch.tensor(dec, dtype=torch.int64, device=dev)
-        lens = torch.tensor([meta.seq_lens_cpu[s] for s in dec], dtype=torch.int64, device=dev)
-        pos = torch.arange(max(meta.seq_lens_cpu[s] for s in dec), device=dev)
-        dec_slots = _slots(meta.block_tables[idx], pos, block_size)
-        dec_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
-        if len(dec) != len(meta.query_lens_cpu) or starts[-1] != len(dec):
-            dec_rows = torch.tensor([starts[s] for s in dec], dtype=torch.int64, device=dev)
-
-    prefills = []
-    for s, q in enumerate(meta.query_lens_cpu):
-        if q <= 1:
-            continue
-        n = meta.seq_lens_cpu[s]
-        pos = torch.arange(n, device=dev)
-        mask = None
-        if q != n:  # cached context before this chunk: query i sees keys 0 .. n - q + i
-            mask = torch.arange(q, device=dev)[:, None] + (n - q) >= pos[None, :]
-        prefills.append(
-            _Prefill(starts[s], starts[s] + q, _slots(meta.block_tables[s], pos, block_size), mask)
-        )
-    return _StepPlan(meta, rows, wslots, dec_rows, dec_slots, dec_mask, prefills)
+    seqs, start = [], 0
+    for s, (q, n) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)):
+        blocks = mask = None
+        if q != n:
+            blocks = meta.block_tables[s, : -(-n // block_size)]
+            if q > 1:  # query i sees keys 0 .. n - q + i
+                mask = torch.arange(q, device=dev)[:, None] + (n - q) >= torch.arange(n, device=dev)[None, :]
+        seqs.append(_Seq(start, start + q, n, blocks, mask))
+        start += q
+    return _StepPlan(meta, rows, wslots, seqs, start)
 
 
 class TorchAttentionBackend:
@@ -105,47 +85,38 @@ class TorchAttentionBackend:
         k_cache.view(-1, kv_heads, d).index_copy_(0, p.write_slots, key.to(k_cache.dtype))
         v_cache.view(-1, kv_heads, d).index_copy_(0, p.write_slots, value.to(v_cache.dtype))
 
-    def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        # query: [T, heads, D] -> [T, heads, D]
+    def forward(
+        self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        # query: [T, heads, D]; key/value: [T, kv_heads, D] this step's rows -> [T, heads, D]
         p = self._step(meta, k_cache.shape[1])
         t, heads, d = query.shape
         kv_heads = k_cache.shape[2]
-        kf, vf = k_cache.view(-1, kv_heads, d), v_cache.view(-1, kv_heads, d)
-        if p.decode_slots is not None:
-            b = p.decode_slots.shape[0]
-            q = query[:b] if p.decode_rows is None else query[p.decode_rows]
-            q = q.view(b, kv_heads, heads // kv_heads, d)  # [B, kv_heads, G, D]
-            flat = p.decode_slots.view(-1)  # index_select: several times faster than kf[2-D index] on CPU
-            k = kf.index_select(0, flat).view(b, -1, kv_heads, d).transpose(1, 2)  # [B, kv_heads, L_max, D]
-            v = vf.index_select(0, flat).view(b, -1, kv_heads, d).transpose(1, 2)
-            if q.dtype == torch.float32:
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.decode_mask, scale=scale)
+        outs = []
+        for s in p.seqs:
+            if s.blocks is None:
+                k, v = key[s.start : s.end], value[s.start : s.end]  # [seq_len, kv_heads, D]
             else:
-                # bf16/fp16: plain matmuls and an fp32 softmax beat SDPA's CPU flash kernel for one query
-                # row per sequence (measured 1.3 vs 4.7 ms in bf16 at 48 sequences x 300 keys, 2 cores).
-                scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [B, kv_heads, G, L_max] fp32
-                scores = scores.masked_fill(~p.decode_mask, float("-inf"))
-                o = torch.matmul(scores.softmax(-1).to(q.dtype), v)  # [B, kv_heads, G, D]
-            o = o.reshape(b, heads, d)
-            if b == t:  # pure decode step, no padding rows: nothing to scatter
-                return o
-            out = query.new_zeros(t, heads, d)
-            out[p.decode_rows if p.decode_rows is not None else slice(0, b)] = o
-        else:
-            out = query.new_zeros(t, heads, d)
-
-        for pf in p.prefills:
-            q = query[pf.start : pf.end].transpose(0, 1)  # [heads, q_len, D]
-            k = kf.index_select(0, pf.slots).transpose(0, 1)  # [kv_heads, seq_len, D]
-            v = vf.index_select(0, pf.slots).transpose(0, 1)
+                k = k_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[: s.seq_len]
+                v = v_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[: s.seq_len]
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, seq_len, D]
+            q = query[s.start : s.end]  # [q_len, heads, D]
+            if s.end - s.start == 1:
+                # 4-D inputs: SDPA's CPU flash kernel (3-D falls back to the slower math path)
+                q = q.view(1, kv_heads, heads // kv_heads, d)
+                o = F.scaled_dot_product_attention(q, k[None], v[None], scale=scale)
+                outs.append(o.reshape(1, heads, d))
+                continue
             o = F.scaled_dot_product_attention(
-                q[None],
+                q.transpose(0, 1)[None],
                 k[None],
                 v[None],
-                attn_mask=pf.mask,
-                is_causal=pf.mask is None,
+                attn_mask=s.mask,
+                is_causal=s.mask is None,
                 scale=scale,
                 enable_gqa=heads != kv_heads,
             )
-            out[pf.start : pf.end] = o[0].transpose(0, 1)
-        return out
+            outs.append(o[0].transpose(0, 1))
+        if p.num_real < t:
+            outs.append(query.new_zeros(t - p.num_real, heads, d))
+        return torch.cat(outs) if len(outs) > 1 else outs[0].contiguous()

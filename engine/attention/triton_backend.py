@@ -49,6 +49,8 @@ class TritonAttentionBackend:
     def forward(
         self,
         query: torch.Tensor,  # [T, Hq, D]; T may exceed the real token count (padding rows left untouched)
+        key: torch.Tensor,  # [T, Hkv, D]: unused, the kernels read every key from the cache
+        value: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,

@@ -47,7 +47,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         backend.write_kv(k, v, kv[0], kv[1], meta)
-        out = backend.forward(q, kv[0], kv[1], meta, self.scale)  # [T, heads, head_dim]
+        out = backend.forward(q, k, v, kv[0], kv[1], meta, self.scale)  # [T, heads, head_dim]
         return self.o_proj(out.reshape(t, self.q_size))
 
 

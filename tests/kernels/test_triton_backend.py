@@ -64,7 +64,7 @@ def test_forward_matches_reference(q_lens, s_lens, dtype, num_sms, expect_split)
 
     backend.write_kv(key, value, batch.k_cache, batch.v_cache, meta)
     assert torch.equal(batch.k_cache, k_ref) and torch.equal(batch.v_cache, v_ref)
-    out = backend.forward(query, batch.k_cache, batch.v_cache, meta, 0.125)
+    out = backend.forward(query, key, value, batch.k_cache, batch.v_cache, meta, 0.125)
     assert out.shape == query.shape and out.dtype == dtype
     assert_close(out[: sum(q_lens)], expected)
     assert torch.all(out[sum(q_lens) :] == 0)
@@ -83,6 +83,6 @@ def test_agrees_with_torch_backend():
     ours.write_kv(key, value, batch.k_cache, batch.v_cache, meta)
     theirs.write_kv(key, value, k2, v2, meta)
     real = sum(meta.query_lens_cpu)
-    a = ours.forward(query, batch.k_cache, batch.v_cache, meta, 0.125)[:real]
-    b = theirs.forward(query, k2, v2, meta, 0.125)[:real]
+    a = ours.forward(query, key, value, batch.k_cache, batch.v_cache, meta, 0.125)[:real]
+    b = theirs.forward(query, key, value, k2, v2, meta, 0.125)[:real]
     assert_close(a, b)

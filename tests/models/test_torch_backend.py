@@ -59,7 +59,7 @@ def test_mixed_batch_matches_naive(heads, kv_heads, block_size):
     t = int(meta.query_start_loc[-1])
     q, k, v = (torch.randn(t, h, d, generator=g) for h in (heads, kv_heads, kv_heads))
     backend.write_kv(k, v, kc, vc, meta)
-    got = backend.forward(q, kc, vc, meta, 0.25)
+    got = backend.forward(q, k, v, kc, vc, meta, 0.25)
     torch.testing.assert_close(got, naive(q, kc, vc, meta, 0.25, block_size), atol=1e-5, rtol=1e-5)
 
 
@@ -85,11 +85,12 @@ def test_decode_only_and_padding_rows_skipped():
     )
     before = kc.clone()
     k = torch.randn(4, 2, 8, generator=g)
-    backend.write_kv(k, torch.randn(4, 2, 8, generator=g), kc, vc, padded)
+    v = torch.randn(4, 2, 8, generator=g)
+    backend.write_kv(k, v, kc, vc, padded)
     changed = (kc != before).any(-1).any(-1).nonzero().tolist()
     assert changed == [[5, 2], [7, 3]]  # only the two real slots were written
     q = torch.randn(4, 4, 8, generator=g)
-    got = backend.forward(q, kc, vc, padded, 0.3)
+    got = backend.forward(q, k, v, kc, vc, padded, 0.3)
     torch.testing.assert_close(got[:2], naive(q[:2], kc, vc, meta, 0.3, 4), atol=1e-5, rtol=1e-5)
     assert got.shape == (4, 4, 8)
 
@@ -106,9 +107,9 @@ def test_bfloat16_close_to_float32():
     )
     ref_backend, bf_backend = TorchAttentionBackend(), TorchAttentionBackend()
     ref_backend.write_kv(k, v, kc, vc, meta)
-    ref = ref_backend.forward(q, kc, vc, meta, 0.25)
+    ref = ref_backend.forward(q, k, v, kc, vc, meta, 0.25)
     kb, vb = torch.zeros_like(kc, dtype=torch.bfloat16), torch.zeros_like(vc, dtype=torch.bfloat16)
     bf_backend.write_kv(k.bfloat16(), v.bfloat16(), kb, vb, meta)
-    got = bf_backend.forward(q.bfloat16(), kb, vb, meta, 0.25)
+    got = bf_backend.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), kb, vb, meta, 0.25)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
