@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import KVBlockManager
 from engine.config import SchedulerConfig
 from engine.errors import RequestRejected
+from engine.fork_waitlist import ForkWaitlist
 from engine.request import Request, RequestStatus
 from engine.request_queue import make_queue
 from engine.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
@@ -48,10 +49,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
-        # Parent request id -> siblings waiting to fork from its first sampled step.
-        self._forks: dict[str, list[Request]] = {}
-        # Group id -> its sample-0 request while siblings may still fork from it.
-        self._parents: dict[str, Request] = {}
+        self.forks = ForkWaitlist()
         # Static batching: group ids of the current batch, fixed when it starts (the first max_num_seqs
         # waiting requests); only they are admitted until the batch is gone, even if their prefill takes
         # several steps. Group ids, so that the samples of an n > 1 request stay in their batch.
@@ -83,13 +81,7 @@ class Scheduler:
         if request.request_id in self.requests:
             raise RequestRejected(f"request id {request.request_id!r} is already queued")
         self.requests[request.request_id] = request
-        fresh = request.num_output_tokens == 0
-        if request.sample_index == 0:
-            if fresh and request.params.n > 1:
-                self._parents[request.group_id] = request
-        elif fresh and (parent := self._parents.get(request.group_id)) is not None:
-            request.status = RequestStatus.WAITING_FOR_FORK
-            self._forks.setdefault(parent.request_id, []).append(request)
+        if self.forks.add(request):
             return
         request.status = RequestStatus.WAITING
         self.waiting.add(request)
@@ -136,7 +128,7 @@ class Scheduler:
         if static and not was_running:
             firsts = zip(self.waiting, range(cfg.max_num_seqs), strict=False)
             self._static_batch = {r.group_id for r, _ in firsts}
-        num_seqs = len(running) + len(step.forked) + self._reserved_fork_slots()
+        num_seqs = len(running) + len(step.forked) + self.forks.reserved_slots()
         while self.waiting and budget > 0 and num_seqs < cfg.max_num_seqs and not step.preempted:
             request = self.waiting.peek()
             if static and request.group_id not in self._static_batch:
@@ -149,7 +141,7 @@ class Scheduler:
             request.status = _RUNNING
             request.num_computed_tokens = request.num_cached_tokens = cached.num_tokens
             self._add_running(request)
-            num_seqs += 1 + len(self._forks.get(request.request_id, ()))
+            num_seqs += 1 + self.forks.num_siblings(request)
             self._schedule(request, n, step)
             budget -= n
 
@@ -184,10 +176,7 @@ class Scheduler:
             self.kv.cache_full_blocks(request)
             if not seq.sample:
                 continue
-            if request.request_id in self._forks:
-                self._release_forks(request)  # siblings added after the fork was scheduled
-            if self._parents.get(request.group_id) is request:
-                del self._parents[request.group_id]
+            self._release_forks(request)  # siblings added after the fork was scheduled
             status = check_stop(request, token, self.eos_token_ids, self.config.max_model_len)
             if status is not None:
                 self._finish(request, status, leave_running=True)
@@ -203,7 +192,7 @@ class Scheduler:
         kv = self.kv
         return SchedulerStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting) + sum(len(s) for s in self._forks.values()),
+            num_waiting=len(self.waiting) + len(self.forks),
             num_blocks_total=kv.num_blocks,
             num_blocks_used=kv.num_used_blocks,
             num_blocks_free=kv.num_free_blocks,
@@ -221,7 +210,7 @@ class Scheduler:
         """Raise AssertionError if the bookkeeping is inconsistent (tests call it after every step)."""
         self.kv.check_invariants()
         waiting = list(self.waiting)
-        forking = [r for sibs in self._forks.values() for r in sibs]
+        forking = list(self.forks)
         for r in self.running:
             assert r.status is _RUNNING, f"{r.request_id} in running with status {r.status}"
             assert len(self.kv.block_ids(r.request_id)) >= self.kv.blocks_needed(r.num_computed_tokens)
@@ -260,16 +249,15 @@ class Scheduler:
                 sample=sample,
             )
         )
-        if sample and request.request_id in self._forks:
+        if sample and self.forks.num_siblings(request):
             self._fork(request, step)
 
     def _fork(self, parent: Request, step: _Step) -> None:
         """Siblings sample from the parent's last logits this step; those without a slot or a block fall
         back to recomputing the prompt as ordinary requests (cheap: the prefix cache holds it)."""
-        siblings = self._forks.pop(parent.request_id)
-        self._parents.pop(parent.group_id, None)
+        siblings = self.forks.take(parent)
         free_slots = (
-            self.config.max_num_seqs - len(self.running) - len(step.forked) - self._reserved_fork_slots()
+            self.config.max_num_seqs - len(self.running) - len(step.forked) - self.forks.reserved_slots()
         )
         for sibling in siblings:
             fork = self.kv.fork(parent, sibling) if free_slots > 0 else None
@@ -291,10 +279,6 @@ class Scheduler:
                 )
             )
 
-    def _reserved_fork_slots(self) -> int:
-        """Slots held for siblings of running parents, so they have room when the parent's prefill ends."""
-        return sum(len(s) for pid, s in self._forks.items() if self.requests[pid].status is _RUNNING)
-
     def _add_running(self, request: Request) -> None:
         if self.config.policy == "priority":
             bisect.insort(self.running, request, key=lambda r: (r.priority, r.arrival_time))
@@ -311,7 +295,7 @@ class Scheduler:
 
     def _release_forks(self, parent: Request) -> None:
         """The parent can no longer be forked from: its waiting siblings become ordinary requests."""
-        for sibling in reversed(self._forks.pop(parent.request_id, [])):
+        for sibling in reversed(self.forks.release(parent)):
             sibling.status = RequestStatus.WAITING
             self.waiting.add_front(sibling)
 
@@ -323,18 +307,12 @@ class Scheduler:
             if not leave_running:
                 self.running.remove(request)
         elif prev is RequestStatus.WAITING_FOR_FORK:
-            for pid, sibs in list(self._forks.items()):
-                if request in sibs:
-                    sibs.remove(request)
-                    if not sibs:
-                        del self._forks[pid]
+            self.forks.discard(request)
         else:
             self.waiting.remove(request)
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
-        if self._parents.get(request.group_id) is request:
-            del self._parents[request.group_id]
         self._release_forks(request)
 
 
