@@ -37,14 +37,9 @@ class ForkWaitlist:
     def num_siblings(self, parent: Request) -> int:
         return len(self._siblings.get(parent.request_id, ()))
 
-    def take(self, parent: Request) -> list[Request]:
-        """The siblings forking from `parent` in this step; the parent takes no more."""
-        self._parents.pop(parent.group_id, None)
-        return self._siblings.pop(parent.request_id, [])
-
     def release(self, request: Request) -> list[Request]:
-        """`request` sampled or finished, so nothing can fork from it any more: its waiting siblings, if
-        any, in order, to become ordinary requests."""
+        """Nothing can fork from `request` any more (it forks now, sampled, or finished): its waiting
+        siblings, if any, in order, for the caller to fork or to queue as ordinary requests."""
         if self._parents.get(request.group_id) is request:
             del self._parents[request.group_id]
         return self._siblings.pop(request.request_id, [])

@@ -255,7 +255,7 @@ class Scheduler:
     def _fork(self, parent: Request, step: _Step) -> None:
         """Siblings sample from the parent's last logits this step; those without a slot or a block fall
         back to recomputing the prompt as ordinary requests (cheap: the prefix cache holds it)."""
-        siblings = self.forks.take(parent)
+        siblings = self.forks.release(parent)
         free_slots = (
             self.config.max_num_seqs - len(self.running) - len(step.forked) - self.forks.reserved_slots()
         )

@@ -38,12 +38,12 @@ def test_reserved_slots_count_only_running_parents():
     assert forks.reserved_slots() == 1 and list(forks) == [s2]
 
 
-def test_take_and_release_end_the_wait():
+def test_release_ends_the_wait():
     forks = ForkWaitlist()
     parent, s1, s2 = make_group("g", [1, 2, 3], 3)
     for r in (parent, s1, s2):
         forks.add(r)
-    assert forks.take(parent) == [s1, s2] and len(forks) == 0
+    assert forks.release(parent) == [s1, s2] and len(forks) == 0
     later = make_request("g-9", [1, 2, 3], sample_index=2, group_id="g", n=3)
     assert forks.add(later) is False  # the parent forked already: an ordinary request now
 
