@@ -207,6 +207,14 @@ def job_payload(job: dict) -> bytes:
     return json.dumps(job).encode()
 
 
+def greedy_or_sampled(job_id: str, prompt: str, max_tokens: int, k: int, sampled: dict) -> dict:
+    """Job k of a mix: greedy when k is even, else the `sampled` parameters; a resumed job of either kind
+    must continue exactly where it stopped."""
+    job = {"id": job_id, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    job.update({"temperature": 0.0} if k % 2 == 0 else sampled)
+    return job
+
+
 def enqueue_many(client: redis.Redis, jobs: list[dict], keys: Keys = K) -> list[bytes]:
     pipe = client.pipeline(transaction=False)
     for job in jobs:

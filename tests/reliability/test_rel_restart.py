@@ -18,6 +18,7 @@ from rel_helpers import (
     assert_exactly_once,
     enqueue_many,
     expected_outputs,
+    greedy_or_sampled,
     read_events,
     terminal,
     wait_for,
@@ -28,9 +29,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 def _job(job_id: str, k: int, max_tokens: int) -> dict:
-    job = {"id": job_id, "prompt": f"restart job {k}", "max_tokens": max_tokens, "ignore_eos": True}
-    job.update({"temperature": 0.0} if k % 2 == 0 else {"temperature": 0.8, "seed": 77 + k})
-    return job
+    return greedy_or_sampled(job_id, f"restart job {k}", max_tokens, k, {"temperature": 0.8, "seed": 77 + k})
 
 
 @pytest.mark.timeout(150)

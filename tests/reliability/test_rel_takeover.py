@@ -9,6 +9,7 @@ from rel_helpers import (
     assert_exactly_once,
     enqueue_many,
     expected_outputs,
+    greedy_or_sampled,
     read_events,
     terminal,
     wait_for,
@@ -20,19 +21,16 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 def _jobs(prefix: str, count: int, max_tokens: int) -> list[dict]:
     """Half greedy, half seeded sampling: both must continue exactly after a takeover."""
-    jobs = []
-    for k in range(count):
-        job = {
-            "id": f"{prefix}{k}",
-            "prompt": f"crash test job {k}",
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-        }
-        job.update(
-            {"temperature": 0.0} if k % 2 == 0 else {"temperature": 0.9, "top_k": 40, "seed": 1000 + k}
+    return [
+        greedy_or_sampled(
+            f"{prefix}{k}",
+            f"crash test job {k}",
+            max_tokens,
+            k,
+            {"temperature": 0.9, "top_k": 40, "seed": 1000 + k},
         )
-        jobs.append(job)
-    return jobs
+        for k in range(count)
+    ]
 
 
 @pytest.mark.timeout(150)
