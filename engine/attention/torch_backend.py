@@ -1,8 +1,8 @@
 """Pure-torch paged attention: the CPU path, and the reference the Triton kernels are compared to.
 
 Attention runs one sequence at a time. Gathering every decode row's keys into one padded [B, L_max] batch
-looked cheaper (one call per layer) but measured 7x slower on a 2-core CPU at 64 sequences (58 vs 8 ms
-per layer): the padded copy (~180 MB) cannot stay in the CPU caches, while one sequence's keys (a few MB
+looked cheaper (one call per layer) but measured 6x slower on a 2-core CPU at 64 sequences (52.6 vs 8.4
+ms per layer in fp32, benchmarks/cpu_decode_attention.py): the padded copy (~180 MB) cannot stay in the CPU caches, while one sequence's keys (a few MB
 at most) are still there when the attention right after the gather reads them.
 
 Per sequence and layer: a gather of its KV blocks (index_select over whole blocks), then one SDPA call.
