@@ -80,6 +80,25 @@ def test_not_a_folder_offline_gives_clear_error():
         load_model("no-such-org/no-such-model-xyz")
 
 
+def test_hub_id_loads_what_huggingface_hub_fetched(tiny_model_dir, monkeypatch):
+    # No hub here: snapshot_download stands in, returning a checkpoint folder as it would after a download.
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    folder = tiny_model_dir("qwen2")
+    asked = []
+
+    def fake_download(repo_id, allow_patterns):
+        asked.append((repo_id, allow_patterns))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    model, spec = load_model("some-org/some-model")
+    direct, _ = load_model(folder)
+    assert asked[0][0] == "some-org/some-model" and "*.safetensors" in asked[0][1]
+    assert spec.num_layers == len(model.layers)
+    ours, theirs = model.state_dict(), direct.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_tokenizer_roundtrip_eos_and_chat(tiny_model_dir):
     d = tiny_model_dir("llama")
     tok = load_tokenizer(d)

@@ -72,6 +72,18 @@ def test_kv_sizes_and_budget():
         num_blocks_for_budget(SPEC, 16, "cpu", memory=100)
 
 
+def test_cuda_budget_is_a_fraction_of_free_memory_or_bytes(monkeypatch):
+    # No GPU needed: the free-memory query is the only CUDA call on this path.
+    block = 16 * 512
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000 * block, 4000 * block))
+    assert num_blocks_for_budget(SPEC, 16, "cuda") == 900  # default: 0.9 of what is free now
+    assert num_blocks_for_budget(SPEC, 16, "cuda:0", memory=0.5) == 500
+    assert num_blocks_for_budget(SPEC, 16, "cuda", memory=1.0) == 1000
+    assert num_blocks_for_budget(SPEC, 16, "cuda", memory=30 * block + 1) == 30  # above 1: bytes
+    with pytest.raises(ValueError, match="below one block"):
+        num_blocks_for_budget(SPEC, 16, "cuda", memory=0.0001)
+
+
 def test_pool_views_are_per_layer_and_contiguous():
     pool = allocate_kv_pool(SPEC, 5, 8, "cpu")
     assert pool.shape == (2, 2, 5, 8, 2, 16)
