@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from engine.stop_checker import StopChecker
+from engine.core.stop_strings import StopStrings
 
 _REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT = 5
@@ -99,7 +99,7 @@ class TextStream:
         skip_special_tokens: bool = True,
     ):
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
-        self._stops = StopChecker(stop)
+        self._stops = StopStrings(stop)
         self.text = ""
         if prior_output_ids:
             self.append(prior_output_ids)

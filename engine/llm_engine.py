@@ -16,17 +16,17 @@ import torch
 
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
+from engine.core.finish_rules import check_stop
+from engine.core.request import FINISH_REASONS, Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from engine.detokenizer import TextStream
 from engine.errors import RequestRejected
 from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
-from engine.request import FINISH_REASONS, Request, RequestStatus
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.stop_check import check_stop
 from engine.tokenizer import load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.core.request import Request
+from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
-from engine.request import Request
-from engine.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 
 class ModelRunner:

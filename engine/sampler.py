@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.request import Request
 from engine.outputs import TokenLogprobs
-from engine.request import Request
 from engine.sampling.noise import exponential_noise
 from engine.sampling.penalties import apply_min_tokens, apply_penalties, min_tokens_banned, needs_penalties
 from engine.sampling.truncation import truncated_probs

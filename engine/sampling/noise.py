@@ -15,7 +15,7 @@ import hashlib
 
 import torch
 
-from engine.request import Request
+from engine.core.request import Request
 
 # Avoids 0 (then probs / q would be inf or, for a cut token, 0 / 0 = nan, which argmax would pick).
 _MIN_NOISE = 1e-20

@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from engine.request import Request
+from engine.core.request import Request
 
 
 def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.config import SchedulerConfig
-from engine.request import Request
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 EOS = 2
 TOKEN = 7  # a sampled token that stops nothing

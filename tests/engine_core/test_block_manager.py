@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from engine_core_utils import make_request
 
-from engine.block_hash import hash_block_tokens
-from engine.block_manager import KVBlockManager
-from engine.request import Request
+from engine.core.block_hash import hash_block_tokens
+from engine.core.block_manager import KVBlockManager
+from engine.core.request import Request
 
 
 def compute(kv: KVBlockManager, req: Request, n: int, cached=None) -> tuple[int, ...]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from engine_core_utils import make_group, make_request
 
-from engine.fork_waitlist import ForkWaitlist
-from engine.request import RequestStatus
+from engine.core.fork_waitlist import ForkWaitlist
+from engine.core.request import RequestStatus
 
 
 def test_siblings_wait_only_for_a_fresh_parent():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine_core_utils import make_group, make_request, make_scheduler, run_step, work
 
-from engine.request import RequestStatus
+from engine.core.request import RequestStatus
 
 
 def add_all(sched, requests):

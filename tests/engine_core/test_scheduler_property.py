@@ -8,8 +8,8 @@ from engine_core_utils import EOS, make_group, make_request, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.scheduler_output import RunnerOutput
 from engine.errors import RequestRejected
-from engine.scheduler_output import RunnerOutput
 
 configs = st.fixed_dictionaries(
     {

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.request import Request
+from engine.core.request import Request
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",

@@ -7,11 +7,11 @@ import torch
 from hf_reference import hf_greedy, hf_model
 from model_helpers import VARIANTS, GreedySampler
 
+from engine.core.request import Request
+from engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
-from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput
 
 BLOCK = 4
 NEW_TOKENS = 30

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.request import Request
+from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 
 _TEXT = [

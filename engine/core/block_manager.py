@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_hash import BlockHash, HashFn, hash_block_tokens
-from engine.block_pool import BlockPool, KVBlock
-from engine.request import Request
+from engine.core.block_hash import BlockHash, HashFn, hash_block_tokens
+from engine.core.block_pool import BlockPool, KVBlock
+from engine.core.request import Request
 
 
 @dataclass(frozen=True)

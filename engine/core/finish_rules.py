@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from engine.request import Request, RequestStatus
+from engine.core.request import Request, RequestStatus
 
 
 def check_stop(

@@ -7,7 +7,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 
-from engine.request import Request
+from engine.core.request import Request
 
 
 class FCFSQueue:

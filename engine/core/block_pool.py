@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.block_hash import BlockHash
+from engine.core.block_hash import BlockHash
 
 
 @dataclass(eq=False)

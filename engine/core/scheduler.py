@@ -13,14 +13,14 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.block_manager import KVBlockManager
 from engine.config import SchedulerConfig
+from engine.core.block_manager import KVBlockManager
+from engine.core.finish_rules import check_stop
+from engine.core.fork_waitlist import ForkWaitlist
+from engine.core.request import Request, RequestStatus
+from engine.core.request_queue import make_queue
+from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.errors import RequestRejected
-from engine.fork_waitlist import ForkWaitlist
-from engine.request import Request, RequestStatus
-from engine.request_queue import make_queue
-from engine.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
-from engine.stop_check import check_stop
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from engine.request import Request, RequestStatus
+from engine.core.request import Request, RequestStatus
 
 
 class ForkWaitlist:

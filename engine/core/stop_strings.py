@@ -10,7 +10,7 @@ only ever grows and depends only on the text fed, not on how it was split into d
 from __future__ import annotations
 
 
-class StopChecker:
+class StopStrings:
     def __init__(self, stop: list[str]):
         if any(s == "" for s in stop):
             raise ValueError("stop strings must not be empty")

@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.stop_strings import StopStrings
 from engine.detokenizer import TextStream
-from engine.stop_checker import StopChecker
 
 
 def _feed_all(stop: list[str], deltas: list[str]) -> tuple[list[str], bool]:
-    checker = StopChecker(stop)
+    checker = StopStrings(stop)
     out = []
     for d in deltas:
         emit, stopped = checker.feed(d)
@@ -30,7 +30,7 @@ def _reference(stop: list[str], text: str) -> tuple[str, bool]:
 
 
 def test_stop_split_across_deltas_and_held_back():
-    checker = StopChecker(["###"])
+    checker = StopStrings(["###"])
     assert checker.feed("Hello #") == ("Hello ", False)  # "#" could start the stop string
     assert checker.feed("#") == ("", False)
     assert checker.feed("!") == ("##!", False)  # released: "##!" can no longer match
@@ -40,7 +40,7 @@ def test_stop_split_across_deltas_and_held_back():
 
 
 def test_flush_releases_held_text_when_request_ends_otherwise():
-    checker = StopChecker(["STOP"])
+    checker = StopStrings(["STOP"])
     assert checker.feed("go ST") == ("go ", False)
     assert checker.flush() == "ST"
 
