@@ -1,11 +1,15 @@
-"""Output tokens/s of Conveyor (continuous and static) against transformers, side by side in one run.
+"""Output tokens/s of Conveyor against transformers, side by side in one run, and model FLOP utilisation.
 
-    python benchmarks/throughput.py                 # the issue's workload: 256 requests, batch 64
-    python benchmarks/throughput.py --quick         # a few minutes: 64 requests, shorter prompts
+    python benchmarks/throughput.py --workload chat     # 256 requests, prompts 16-512, batch 64 (~6 min)
+    python benchmarks/throughput.py --workload decode   # 64 requests, prompts 16-256, outputs ~70, batch 32
+    python benchmarks/throughput.py --quick             # a few minutes: 64 requests, shorter prompts
 
-Every system runs the same seeded workload at the same maximum batch and dtype, greedy with ignore_eos,
-so each request produces exactly its requested number of tokens. Prints a table and ratios; writes JSON and a
-PNG chart under benchmarks/results/.
+The systems are Conveyor continuous and transformers' continuous batching unless `--systems` names others
+(`conveyor_static`, `hf_generate_static`: the latter takes ~19 minutes on the chat workload). Every system
+runs the same seeded workload at the same maximum batch and dtype, greedy with ignore_eos, so each request
+produces exactly its requested number of tokens. MFU (benchmarks/mfu.py): the matmul FLOPs Conveyor's steps
+computed, over each system's time, against the GEMM rate of the same shapes timed after the runs. Writes
+JSON (default benchmarks/results/throughput-<workload>-<time>.json) and a PNG chart beside it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import Job, bench_engine, bench_model_dir, make_workload  # noqa: E402
+from benchmarks.mfu import StepRecorder, mfu_report, utilisation  # noqa: E402
+from benchmarks.workload import WORKLOADS, Job, bench_engine, bench_model_dir, make_workload  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -30,6 +35,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, scheduling: str) -> dict:
     engine = bench_engine(model_dir, args, dtype=args.dtype, device="cpu", scheduling=scheduling)
+    recorder = StepRecorder.attach(engine)
     for i, job in enumerate(jobs):
         engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
     produced = 0
@@ -57,6 +63,8 @@ def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, sch
         "output_tokens": produced,
         "seconds": elapsed,
         "tokens_per_s": produced / elapsed,
+        "forward_seconds": forward_seconds,
+        "recorder": recorder,  # popped by main() before the JSON is written
         "kv_waste_at_peak": peak_waste[0] / max(1, peak_waste[1]),
         "outside_forward_share": (step_seconds - forward_seconds) / max(step_seconds, 1e-9),
         "outside_forward_share_full_batch": decode_batch_steps[0] / max(decode_batch_steps[1], 1e-9),
@@ -154,14 +162,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--max-prompt", type=int, default=512)
-    parser.add_argument("--max-output", type=int, default=512)
-    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="chat",
+        help="sets the four options below unless they are given",
+    )
+    parser.add_argument("--num-requests", type=int)
+    parser.add_argument("--max-prompt", type=int)
+    parser.add_argument("--max-output", type=int)
+    parser.add_argument("--max-batch", type=int)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-blocks", type=int, default=4096, help="KV pool in blocks of 16 tokens")
     parser.add_argument(
-        "--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS)
+        "--systems",
+        default="conveyor_continuous,hf_continuous_batching",
+        help="comma-separated subset of " + ",".join(SYSTEMS),
     )
     parser.add_argument(
         "--dtype",
@@ -181,18 +197,34 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument(
+        "--shared-prefix-variant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the runs, Conveyor on 64 requests sharing a prompt prefix (prefix-cache hit rate)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
-        default=RESULTS / "throughput.json",
-        help="JSON results; the PNG chart goes beside it",
+        help="JSON results (default: results/throughput-<workload>-<time>.json); the PNG chart goes beside it",
     )
     args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
     if args.quick:
         args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
+    for name in ("num_requests", "max_prompt", "max_output", "max_batch"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(workload, name))
+    if args.out is None:
+        args.out = RESULTS / f"throughput-{args.workload}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     torch.manual_seed(0)
 
     model_dir = bench_model_dir(args.model_cache)
-    jobs = make_workload(args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output)
+    jobs = make_workload(
+        args.num_requests,
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        output_median=workload.output_median,
+    )
     print(
         f"workload: {len(jobs)} requests, prompt tokens {sum(len(j.prompt_token_ids) for j in jobs)}, "
         f"output tokens {sum(j.max_tokens for j in jobs)}, max batch {args.max_batch}, "
@@ -221,8 +253,9 @@ def main() -> None:
     for name, rs in runs.items():
         rs = sorted(rs, key=lambda r: r["tokens_per_s"])
         results[name] = {**rs[(len(rs) - 1) // 2], "all_tokens_per_s": [r["tokens_per_s"] for r in rs]}
+    flop_report = _add_mfu(results, args)
 
-    if "conveyor_continuous" in results:
+    if "conveyor_continuous" in results and args.shared_prefix_variant:
         prefix_jobs = make_workload(
             min(64, args.num_requests),
             max_prompt=args.max_prompt,
@@ -231,12 +264,30 @@ def main() -> None:
             seed=1,
         )
         results["shared_prefix_variant"] = run_conveyor(model_dir, prefix_jobs, args, "continuous")
+        results["shared_prefix_variant"].pop("recorder")
     report = _report(results, args, jobs)
+    report["flops"] = flop_report
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     _chart(results, args.out.with_suffix(".png"), args.dtype)
-    print(json.dumps(report["ratios"], indent=2))
+    print(json.dumps({"ratios": report["ratios"], "flops": flop_report}, indent=2))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def _add_mfu(results: dict[str, dict], args: argparse.Namespace) -> dict:
+    """Times the GEMMs of Conveyor's recorded steps (continuous, else static) and adds achieved GFLOP/s and
+    MFU to every system's result: each did the same work, the FLOPs Conveyor's steps computed."""
+    recorders = {n: r.pop("recorder") for n, r in results.items() if "recorder" in r}
+    source = next((n for n in ("conveyor_continuous", "conveyor_static") if n in recorders), None)
+    if source is None:
+        return {}
+    print("timing the run's GEMM shapes alone ...", flush=True)
+    report = {"counted_from": source, **mfu_report(recorders[source], getattr(torch, args.dtype))}
+    for r in results.values():
+        r.update(utilisation(report, r["seconds"]))
+        if "forward_seconds" in r:
+            r["forward_mfu"] = utilisation(report, r["forward_seconds"])["mfu"]
+    return report
 
 
 def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job]) -> dict:
@@ -249,17 +300,31 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
         c = results["conveyor_continuous"]
         ratios["kv_waste_at_peak"] = round(c["kv_waste_at_peak"], 4)
         ratios["outside_forward_share_at_full_batch"] = round(c["outside_forward_share_full_batch"], 4)
+        if "mfu" in c:
+            ratios["conveyor_continuous_mfu"] = round(c["mfu"], 3)
         if "shared_prefix_variant" in results:
             ratios["prefix_cache_hit_rate_shared_prefix"] = round(
                 results["shared_prefix_variant"]["prefix_cache_hit_rate"], 4
             )
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "cpu": _cpu_name(),
+        "torch_threads": torch.get_num_threads(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "num_requests": len(jobs),
         "results": results,
         "ratios": ratios,
     }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _chart(results: dict[str, dict], path: Path, dtype: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +22,54 @@ def make_workload(
     vocab_size: int = 32000,
     seed: int = 0,
     shared_prefix: int = 0,
+    output_median: int | None = None,
 ) -> list[Job]:
-    """Prompt lengths uniform in [min_prompt, max_prompt]; output lengths heavy-tailed (Pareto, alpha 1.2,
-    scale 16) capped at max_output, so most requests are short and a few run long, as in chat traffic.
-    With `shared_prefix`, every prompt starts with the same that many tokens (a system prompt)."""
+    """Prompt lengths uniform in [min_prompt, max_prompt]; output lengths capped at max_output and
+    heavy-tailed: Pareto (alpha 1.2, scale 16: most requests short, a few long, as in chat traffic) by
+    default, or log-normal around `output_median` (sigma 0.6) when given. With `shared_prefix`, every
+    prompt starts with the same that many tokens (a system prompt)."""
     rng = random.Random(seed)
     prefix = [rng.randrange(3, vocab_size) for _ in range(shared_prefix)]
     jobs = []
     for _ in range(num_requests):
         n = rng.randint(min_prompt, max_prompt)
         tail = [rng.randrange(3, vocab_size) for _ in range(max(1, n - len(prefix)))]
-        out = min(max_output, int(16 * rng.paretovariate(1.2)))
-        jobs.append(Job(prompt_token_ids=prefix + tail, max_tokens=max(1, out)))
+        if output_median is None:
+            out = int(16 * rng.paretovariate(1.2))
+        else:
+            out = int(rng.lognormvariate(math.log(output_median), 0.6))
+        jobs.append(Job(prompt_token_ids=prefix + tail, max_tokens=max(1, min(max_output, out))))
     return jobs
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named benchmark workload: the requests and the batch limit they are served at."""
+
+    num_requests: int
+    max_prompt: int
+    max_output: int
+    max_batch: int
+    output_median: int | None = None  # None: Pareto outputs; else log-normal around this median
+    min_prompt: int = 16
+
+    def jobs(self, seed: int = 0) -> list[Job]:
+        return make_workload(
+            self.num_requests,
+            min_prompt=self.min_prompt,
+            max_prompt=self.max_prompt,
+            max_output=self.max_output,
+            seed=seed,
+            output_median=self.output_median,
+        )
+
+
+WORKLOADS = {
+    # The README's workload: prefill-heavy (65,887 prompt vs 16,401 output tokens).
+    "chat": Workload(num_requests=256, max_prompt=512, max_output=512, max_batch=64),
+    # Issue 10's decode-heavier one: short prompts, outputs log-normal around 70 up to 256, batch 32.
+    "decode": Workload(num_requests=64, max_prompt=256, max_output=256, max_batch=32, output_median=70),
+}
 
 
 # About 50M parameters: hidden 512, 8 layers, vocab 32000 (embeddings and head untied).
