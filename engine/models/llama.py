@@ -12,7 +12,15 @@ from torch import nn
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.models.config import ModelArgs
-from engine.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary
+from engine.models.layers import (
+    LM_HEAD_SLICE,
+    LM_HEAD_SLICE_MIN_ROWS,
+    GatedMLP,
+    RMSNorm,
+    Rotary,
+    apply_rotary,
+    sliced_linear,
+)
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -97,4 +105,7 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, vocab] float32
+        # Only the rows that are sampled reach here (the runner picks them), so R is the batch, not T.
+        if hidden.device.type == "cpu" and hidden.shape[0] >= LM_HEAD_SLICE_MIN_ROWS:
+            return sliced_linear(hidden, self.lm_head.weight, LM_HEAD_SLICE).float()
         return self.lm_head(hidden).float()
