@@ -194,6 +194,12 @@ def main() -> None:
         help="weights and activations, the same for every system (bfloat16 uses the CPU's bf16 matmul units)",
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch threads for every system (on a shared machine, fewer threads than cores measure steadier)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=1, help="run every system this many times; report the median run"
     )
     parser.add_argument(
@@ -224,6 +230,7 @@ def main() -> None:
             setattr(args, name, getattr(workload, name))
     if args.out is None:
         args.out = RESULTS / f"throughput-{args.workload}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     model_dir = bench_model_dir(args.model_cache)
