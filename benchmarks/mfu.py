@@ -84,23 +84,28 @@ def flops(shape: Shape) -> int:
     return 2 * m * k * n
 
 
-def time_gemm(shape: Shape, dtype: torch.dtype, repeats: int = 3) -> float:
-    """Seconds of one torch.matmul at this shape: the minimum over repeats, after one untimed call."""
+def time_gemm(shape: Shape, dtype: torch.dtype, repeats: int = 3) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one torch.matmul at this shape: each the minimum over repeats,
+    after one untimed call."""
     m, k, n = shape
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     out = torch.empty(m, n, dtype=dtype)
     torch.matmul(a, b, out=out)
-    best = float("inf")
+    wall = cpu = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         torch.matmul(a, b, out=out)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    return wall, cpu
 
 
-def gemm_baseline(counts: Counter[Shape], dtype: torch.dtype) -> tuple[float, int]:
-    """(seconds the run's linear products take as lone matmuls, number of distinct shapes timed)."""
-    return sum(n * time_gemm(shape, dtype) for shape, n in counts.items()), len(counts)
+def gemm_baseline(counts: Counter[Shape], dtype: torch.dtype) -> tuple[float, float]:
+    """(wall, CPU) seconds the run's linear products take as lone matmuls."""
+    wall = cpu = 0.0
+    for shape, n in counts.items():
+        w, c = time_gemm(shape, dtype)
+        wall, cpu = wall + n * w, cpu + n * c
+    return wall, cpu
 
 
 def mfu_report(rec: StepRecorder, dtype: torch.dtype) -> dict:
@@ -109,18 +114,25 @@ def mfu_report(rec: StepRecorder, dtype: torch.dtype) -> dict:
     counts = shape_counts(rec, args)
     linear = sum(n * flops(s) for s, n in counts.items())
     attention = 4 * rec.attended_keys * args.num_heads * args.head_dim * args.num_layers
-    gemm_seconds, distinct = gemm_baseline(counts, dtype)
+    gemm_seconds, gemm_cpu_seconds = gemm_baseline(counts, dtype)
     return {
         "steps": len(rec.rows),
         "linear_gflop": linear / 1e9,
         "attention_gflop": attention / 1e9,
-        "gemm_shapes_timed": distinct,
+        "gemm_shapes_timed": len(counts),
         "gemm_seconds_at_run_shapes": gemm_seconds,
         "gemm_rate_gflops": linear / gemm_seconds / 1e9,
+        # The same in process CPU time: on a busy machine wall time counts the turns other processes
+        # take; compare with a run's `cpu_seconds` (utilisation(..., cpu_seconds=...)).
+        "gemm_rate_gflops_cpu_time": linear / gemm_cpu_seconds / 1e9,
     }
 
 
-def utilisation(report: dict, seconds: float) -> dict:
-    """Achieved GFLOP/s of a run that did the recorded work in `seconds`, and its share of the GEMM rate."""
-    achieved = (report["linear_gflop"] + report["attention_gflop"]) / seconds
-    return {"achieved_gflops": achieved, "mfu": achieved / report["gemm_rate_gflops"]}
+def utilisation(report: dict, seconds: float, cpu_seconds: float | None = None) -> dict:
+    """Achieved GFLOP/s of a run that did the recorded work in `seconds`, and its share of the GEMM rate;
+    with `cpu_seconds`, also the share in CPU time (`mfu_cpu_time`)."""
+    work = report["linear_gflop"] + report["attention_gflop"]
+    out = {"achieved_gflops": work / seconds, "mfu": work / seconds / report["gemm_rate_gflops"]}
+    if cpu_seconds is not None:
+        out["mfu_cpu_time"] = work / cpu_seconds / report["gemm_rate_gflops_cpu_time"]
+    return out

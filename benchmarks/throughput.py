@@ -299,7 +299,7 @@ def _add_mfu(results: dict[str, dict], args: argparse.Namespace) -> dict:
     print("timing the run's GEMM shapes alone ...", flush=True)
     report = {"counted_from": source, **mfu_report(recorders[source], getattr(torch, args.dtype))}
     for r in results.values():
-        r.update(utilisation(report, r["seconds"]))
+        r.update(utilisation(report, r["seconds"], r.get("cpu_seconds")))
         if "forward_seconds" in r:
             r["forward_mfu"] = utilisation(report, r["forward_seconds"])["mfu"]
     return report
@@ -317,6 +317,10 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
         ratios["outside_forward_share_at_full_batch"] = round(c["outside_forward_share_full_batch"], 4)
         if "mfu" in c:
             ratios["conveyor_continuous_mfu"] = round(c["mfu"], 3)
+            ratios["conveyor_continuous_mfu_cpu_time"] = round(c["mfu_cpu_time"], 3)
+        hf = results.get("hf_continuous_batching", {}).get("cpu_seconds")
+        if hf:
+            ratios["continuous_vs_hf_continuous_batching_cpu_time"] = round(hf / c["cpu_seconds"], 2)
         if "shared_prefix_variant" in results:
             ratios["prefix_cache_hit_rate_shared_prefix"] = round(
                 results["shared_prefix_variant"]["prefix_cache_hit_rate"], 4

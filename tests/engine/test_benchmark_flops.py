@@ -84,6 +84,12 @@ def test_shape_counts_per_layer_and_lm_head():
 
 
 def test_utilisation_is_achieved_rate_over_gemm_rate():
-    report = {"linear_gflop": 30.0, "attention_gflop": 10.0, "gemm_rate_gflops": 80.0}
+    report = {
+        "linear_gflop": 30.0,
+        "attention_gflop": 10.0,
+        "gemm_rate_gflops": 80.0,
+        "gemm_rate_gflops_cpu_time": 100.0,
+    }
     assert utilisation(report, seconds=1.0) == {"achieved_gflops": 40.0, "mfu": 0.5}
+    assert utilisation(report, seconds=1.0, cpu_seconds=0.8)["mfu_cpu_time"] == pytest.approx(0.5)
     assert utilisation(report, seconds=0.5)["mfu"] == pytest.approx(1.0)
