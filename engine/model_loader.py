@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.backend import AttentionBackend, get_attention_backend
+from engine.device import resolve_device
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -127,12 +128,12 @@ def load_model(
     model: str | Path,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
-    attention_backend: str = "auto",
+    attention_backend: AttentionBackend | None = None,
 ) -> tuple[LlamaForCausalLM, ModelSpec]:
-    """Build our model for a HF checkpoint and load its weights. Returns (model in eval mode, spec)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    """Build our model for a HF checkpoint and load its weights. Returns (model in eval mode, spec).
+
+    `attention_backend`: the engine's, resolved once; None (tests, tools) -> the device's default."""
+    device = resolve_device(device)
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.exists():
@@ -146,7 +147,7 @@ def load_model(
     if args.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
     load_weights(net, model_dir)
-    net.attn_backend = get_attention_backend(attention_backend, device)
+    net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
     spec = ModelSpec(
         num_layers=args.num_layers,
