@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+from engine.models.registry import FAMILIES
+
+ARCHS = FAMILIES  # every architecture the engine runs has a tiny model
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + BOS + "{{ m['role'] }}\n{{ m['content'] }}" + EOS + "\n{% endfor %}"
@@ -77,8 +79,9 @@ def _train_tokenizer(vocab_size: int):
 def _config(arch: str, **kw: Any):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+    # transformers' config class per family; a family missing here fails the registry test loudly.
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-    if arch not in classes:
+    if arch not in ARCHS or arch not in classes:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     if arch == "mistral":
         kw["sliding_window"] = None  # we attend over the full context
