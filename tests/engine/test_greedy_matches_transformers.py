@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from hf_reference import hf_greedy, hf_model
 
 from engine import LLMEngine, SamplingParams
+from tests.helpers.hf_reference import hf_greedy, hf_model
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 # Prompts of different lengths (in tokens), some longer than a block, one sharing a prefix with another.
