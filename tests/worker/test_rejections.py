@@ -20,4 +20,3 @@ def test_every_reason_has_a_client_error_code_and_keeps_the_message(reason):
     error = job_error(RequestRejected(reason, f"because {reason.value}"), "job-1")
     assert error.code == EXPECTED.get(reason, ErrorCode.REJECTED)
     assert error.message == f"because {reason.value}" and error.job_id == "job-1"
-
