@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
+from engine.models.registry import FAMILIES
 from tests.helpers.hf_reference import hf_greedy, hf_model
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ARCHS = list(FAMILIES)  # every architecture the engine runs
 # Prompts of different lengths (in tokens), some longer than a block, one sharing a prefix with another.
 PROMPT_LENGTHS = [3, 17, 40, 9, 33]
 MAX_TOKENS = 24
