@@ -20,6 +20,16 @@ def opt(*decls: str, **kwargs):
     return click.option(*decls, envvar=[f"CONVEYOR_{env}", f"CONVEYOR_WORKER_{env}"], **kwargs)
 
 
+def _redis_url_option(ctx, param, value: str) -> str:
+    """A URL redis-py cannot use fails here, with exit code 2, before any model is loaded."""
+    from worker.preflight import check_url
+
+    try:
+        return check_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def redis_options(f):
     for decorator in reversed(
         [
@@ -27,6 +37,7 @@ def redis_options(f):
                 "--redis-url",
                 default="redis://localhost:6379/0",
                 help="redis://, rediss:// (TLS); user:password@ for ACL",
+                callback=_redis_url_option,
             ),
             opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
@@ -106,6 +117,12 @@ ENGINE_KEYS = (
     help="torch intra-op threads (0: torch's default, one per core)",
 )
 @opt("--log-level", default="info")
+@opt(
+    "--allow-eviction",
+    is_flag=True,
+    default=False,
+    help="run on a Redis whose maxmemory-policy may evict keys (jobs and events can be lost)",
+)
 def worker(**kw) -> None:
     """Serve jobs from the requests stream until SIGTERM (drain) or a second signal (exit at once)."""
     import signal
@@ -113,19 +130,29 @@ def worker(**kw) -> None:
     from engine import LLMEngine
     from worker import logs
     from worker.config import WorkerConfig, default_consumer
+    from worker.consumer_lease import ConsumerNameTaken
     from worker.keys import Keys, group_name
     from worker.limits import Limits
     from worker.loop import Worker
+    from worker.preflight import PreflightError, check_eviction_policy, wait_reachable
     from worker.tiny import resolve_model
 
     logs.configure(kw.pop("log_level"))
+    url = kw["redis_url"]
+    client = _client(kw)
+    try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
+        wait_reachable(client, url)
+        check_eviction_policy(client, kw.pop("allow_eviction"))
+    except PreflightError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except redis.AuthenticationError as exc:
+        raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
     model = resolve_model(kw.pop("model"))
     if threads := kw.pop("torch_threads"):
         import torch
 
         torch.set_num_threads(threads)
     engine = LLMEngine(model, **{k: kw.pop(k) for k in ENGINE_KEYS})
-    client = _client(kw)
     cfg = WorkerConfig(
         group=kw["group"] or group_name(model),
         consumer=kw["consumer"] or default_consumer(),
@@ -147,6 +174,8 @@ def worker(**kw) -> None:
         w.run()
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
+    except ConsumerNameTaken as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()
