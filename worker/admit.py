@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
 import structlog
 from pydantic import ValidationError
 
@@ -48,10 +49,11 @@ class Admitter:
         running: Callable[[str], InFlight | None],
         on_admitted: Callable[[InFlight], None],
         on_outcome: Callable[[str], None],
+        on_full: Callable[[Arrived, Exception], None],
     ) -> None:
         self.cfg, self.engine = cfg, engine
         self.running = running
-        self.on_admitted, self.on_outcome = on_admitted, on_outcome
+        self.on_admitted, self.on_outcome, self.on_full = on_admitted, on_outcome, on_full
 
     def add(self, rnd: Round, arrived: Arrived) -> None:
         cfg = self.cfg
@@ -92,6 +94,10 @@ class Admitter:
         self, arrived: Arrived, job: Job, raw: bytes | None, replies: list, nxt: Round
     ) -> None:
         cfg = self.cfg
+        full = next((r for r in replies if isinstance(r, redis.OutOfMemoryError)), None)
+        if full is not None:  # Redis is full: decide nothing, try again once it has room
+            self.on_full(arrived, full)
+            return
         owner, started, entries, cancelled = replies
         local = self.running(job.id)
         if local is not None or (owner is not None and owner != cfg.consumer.encode()):

@@ -91,7 +91,8 @@ def with_retry(
 ) -> T:
     """Run `action` until Redis answers. Unreachable (DOWN_ERRORS) and full (OOM under noeviction) are
     waited out with back-off; a refused password is not. Gives up only when `stop` has expired, raising
-    StopRequested with the last Redis error as its cause."""
+    StopRequested with the last Redis error as its cause. (Whether Redis has room again is for the caller
+    to say: an EXEC that went through may still hold commands refused for lack of memory.)"""
     from worker.stop import StopRequested
 
     stop = stop or _NeverStop()
@@ -116,5 +117,4 @@ def with_retry(
         if backoff.failures:
             log.info("redis reachable again", during=what, after_failures=backoff.failures)
             backoff.reset()
-        health.ok()
         return result

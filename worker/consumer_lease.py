@@ -1,5 +1,5 @@
 """One live worker per consumer name: a lease key `<prefix>:consumer:<group>:<name>` holding a token of
-this process, set with NX and a TTL of `lease_ms`, renewed with the job leases (every lease_ms / 3).
+this process, set with NX and a TTL of max(lease_ms, 3 * block_ms), renewed with the job leases.
 
 Two workers under one `--consumer` would read each other's pending entries as their own and race on every
 write, so a second one does not run. At start a worker whose name is leased waits up to one lease for it
@@ -40,15 +40,17 @@ class ConsumerLease:
         self.client, self.cfg = client, cfg
         self.key = f"{cfg.keys.prefix}:consumer:{cfg.group}:{cfg.consumer}"
         self.token = uuid.uuid4().hex
+        # Renewed with the heartbeat, which an idle worker sends only between blocking reads of block_ms.
+        self.ttl_ms = max(cfg.lease_ms, 3 * cfg.block_ms)
         self.script = Script(_CHECKED)
 
     def acquire(self, stop: Waiter) -> None:
         """Take the name, waiting up to one lease for a previous holder's lease to lapse."""
-        give_up = time.monotonic() + self.cfg.lease_ms / 1000 + 0.5
+        give_up = time.monotonic() + self.ttl_ms / 1000 + 0.5
         warned = False
         while True:
             took = with_retry(
-                lambda: self.client.set(self.key, self.token, nx=True, px=self.cfg.lease_ms),
+                lambda: self.client.set(self.key, self.token, nx=True, px=self.ttl_ms),
                 "taking the consumer name",
                 stop,
             )
@@ -57,7 +59,7 @@ class ConsumerLease:
             if time.monotonic() > give_up or stop.expired():
                 raise ConsumerNameTaken(
                     f"consumer name {self.cfg.consumer!r} (group {self.cfg.group!r}) is in use by another "
-                    f"live worker: its lease {self.key} was renewed for longer than {self.cfg.lease_ms} ms. "
+                    f"live worker: its lease {self.key} was renewed for longer than {self.ttl_ms} ms. "
                     "Give each worker its own --consumer."
                 )
             if not warned:
@@ -65,13 +67,13 @@ class ConsumerLease:
                     "consumer name leased by another worker; waiting for its lease to lapse",
                     consumer=self.cfg.consumer,
                     key=self.key,
-                    wait_up_to_ms=self.cfg.lease_ms,
+                    wait_up_to_ms=self.ttl_ms,
                 )
                 warned = True
             stop.sleep(0.05)
 
     def add_renewal(self, rnd: Round) -> None:
-        self.script.add(rnd, [self.key], [self.token, self.cfg.lease_ms], self._renewed)
+        self.script.add(rnd, [self.key], [self.token, self.ttl_ms], self._renewed)
 
     def _renewed(self, reply, into: Round) -> None:
         if self.script.unknown(reply):

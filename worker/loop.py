@@ -64,13 +64,16 @@ class Worker:
         self.trimmer = Trimmer(cfg.keys.requests)
         self.consumer_lease = ConsumerLease(client, cfg)
         self.publisher = Publisher(self.aborter.lost, self._full)
-        self.admitter = Admitter(cfg, engine, self.inflight.get, self._admitted, self.observer.outcome)
+        self.admitter = Admitter(
+            cfg, engine, self.inflight.get, self._admitted, self.observer.outcome, self._readmit
+        )
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
         self.backoff = Backoff()
         self._admitting = 0  # jobs whose admission commands are in flight
         self._last_heartbeat = time.monotonic()
         self._started = False
         self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
+        self._refused_for_memory = False  # in the round being dispatched
 
     @property
     def metrics(self) -> Metrics:
@@ -106,6 +109,11 @@ class Worker:
         if not busy and not (self.inflight or self.arrived or len(self.carry) or self._heartbeat_due()):
             self._wait_for_jobs()
             return
+        if self.health.is_full:
+            # Hold: no step (its events would pile up in memory), no reads, no admissions; after a
+            # back-off, send again what is owed (the refused events, in order).
+            self.stop.sleep(self.backoff.next_delay())
+            busy = False
         rnd, nxt = self._build_round(self.carry), Round()
         self.carry = nxt
         sent = self._send(rnd)
@@ -113,7 +121,11 @@ class Worker:
         future = self.io.submit(rnd.receive, sent) if sent is not None else None
         deltas = self.engine.step() if busy else []
         sampled_at, sampled_wall = time.perf_counter(), time.time()
+        self._refused_for_memory = False
         rnd.dispatch(self._results(rnd, future), nxt)
+        if self.health.is_full and not self._refused_for_memory:
+            self.health.ok()
+            self.backoff.reset()
         self._publish(deltas, nxt, sampled_at, sampled_wall)
         self.observer.stepped(sum(len(d.new_token_ids) for d in deltas), self.engine)
 
@@ -136,12 +148,15 @@ class Worker:
         )
 
     def _build_round(self, rnd: Round) -> Round:
-        draining = self.stop.warm.is_set()
-        # Draining: jobs read but not started stay pending, for another worker (or this one, restarted).
-        for arrived in [] if draining else self.arrived:
-            self.admitter.add(rnd, arrived)
-        self._admitting, self.arrived = (0 if draining else len(self.arrived)), []
-        room = 0 if draining or self.health.is_full else self._room()
+        draining, full = self.stop.warm.is_set(), self.health.is_full
+        self._admitting = 0
+        if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
+            self.arrived = []
+        elif not full:  # (Redis full: they wait here until it has room)
+            for arrived in self.arrived:
+                self.admitter.add(rnd, arrived)
+            self._admitting, self.arrived = len(self.arrived), []
+        room = 0 if draining or full else self._room()
         if room > 0:
             self.reader.add_new(rnd, room, self.arrived)
         if self._heartbeat_due():
@@ -175,7 +190,7 @@ class Worker:
             # The connection broke mid-round, or Redis was full and refused the whole MULTI: send it again
             # (publish.py tolerates events that landed). Meanwhile nothing new is read or admitted.
             if isinstance(exc, redis.OutOfMemoryError):
-                self.health.full("step round", exc, 0.0)
+                self._full(str(exc))
             else:
                 log.warning("round failed, sending it again", error=str(exc))
             results = with_retry(
@@ -189,7 +204,14 @@ class Worker:
         return results
 
     def _full(self, message: str) -> None:
-        self.health.full("writing events", RuntimeError(message), 0.0)
+        """A command of this round was refused for lack of memory (OOM under noeviction)."""
+        self._refused_for_memory = True
+        self.health.full("step round", RuntimeError(message), self.backoff.first_s * 2**self.backoff.failures)
+
+    def _readmit(self, arrived: Arrived, error: Exception) -> None:
+        """Admission refused for lack of memory: the entry stays ours, admitted once Redis has room."""
+        self.arrived.append(arrived)
+        self._full(str(error))
 
     # ---- intake ---------------------------------------------------------------------------------------
     def _room(self) -> int:
