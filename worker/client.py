@@ -17,6 +17,7 @@ from worker.connection import Backoff
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 
 _DEFAULT_BLOCK_MS = 5000
+_UNSET = object()
 
 
 def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
@@ -27,7 +28,11 @@ def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
 def read_block_ms(client: redis.Redis, wanted_ms: int = _DEFAULT_BLOCK_MS) -> int:
     """XREAD BLOCK must return before the client's socket timeout (redis-py 8 defaults it to 5 s), or the
     read fails with TimeoutError on a quiet stream: block for at most half of it."""
-    timeout_s = client.connection_pool.connection_kwargs.get("socket_timeout")
+    pool = client.connection_pool
+    # The connection's own default applies when the URL or kwargs do not set one (from_url leaves it out).
+    timeout_s = pool.connection_kwargs.get("socket_timeout", _UNSET)
+    if timeout_s is _UNSET:
+        timeout_s = getattr(pool.connection_class(**pool.connection_kwargs), "socket_timeout", None)
     if timeout_s is None:
         return wanted_ms
     return max(1, min(wanted_ms, int(timeout_s * 1000 / 2)))

@@ -28,6 +28,8 @@ def test_block_is_shorter_than_the_socket_timeout():
     assert read_block_ms(redis.Redis(socket_timeout=0.5)) < 500
     assert read_block_ms(redis.Redis()) < 5000  # redis-py 8's default socket timeout is 5 s
     assert read_block_ms(redis.Redis(socket_timeout=None)) == 5000
+    assert read_block_ms(redis.Redis.from_url("redis://127.0.0.1:1/0")) < 5000  # the connection's default
+    assert read_block_ms(redis.Redis.from_url("redis://127.0.0.1:1/0?socket_timeout=1")) < 1000
 
 
 def test_a_quiet_stream_ends_in_our_timeout_not_the_sockets(redis_server):
