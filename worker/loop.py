@@ -110,8 +110,8 @@ class Worker:
             self._wait_for_jobs()
             return
         if self.health.is_full:
-            # Hold: no step (its events would pile up in memory), no reads, no admissions; after a
-            # back-off, send again what is owed (the refused events, in order).
+            # Hold: no step (its events would pile up in memory), no new reads; after a back-off, send
+            # again what is owed (the refused events, in order, and refused admissions).
             self.stop.sleep(self.backoff.next_delay())
             busy = False
         rnd, nxt = self._build_round(self.carry), Round()
@@ -152,7 +152,7 @@ class Worker:
         self._admitting = 0
         if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
             self.arrived = []
-        elif not full:  # (Redis full: they wait here until it has room)
+        else:  # (Redis full: refused again and kept for the next try, see _readmit)
             for arrived in self.arrived:
                 self.admitter.add(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
