@@ -3,8 +3,9 @@ worth of commands folded into the loop's rounds.
 
 Round k (this module's `add`): parse the payload; then for a well-formed job, in the same round
     SET owner NX GET (lease.py), HGET attempts, XRANGE out:<id> (resume.py), EXISTS cancel:<id>.
-Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1,
-including HINCRBY attempts for a job that runs (round k+1 is sent before the step that runs it).
+Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1 (the
+round being built, handed to `_decide` by `Round.dispatch`), including HINCRBY attempts for a job that
+runs (round k+1 is sent before the step that runs it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
 import structlog
 from pydantic import ValidationError
 
@@ -26,7 +28,7 @@ from worker.intake import parse_entry
 from worker.keys import JOB_FIELD
 from worker.lease import add_acquire, add_release
 from worker.protocol import Job
-from worker.publish import add_ack, add_failure
+from worker.refuse import add_ack, add_failure
 from worker.rejections import job_error
 from worker.resume import read_resume
 from worker.round import Round
@@ -48,14 +50,14 @@ class Admitter:
         self,
         cfg: WorkerConfig,
         engine: EngineClient,
-        next_round: Callable[[], Round],
         running: Callable[[str], InFlight | None],
         on_admitted: Callable[[InFlight], None],
         on_outcome: Callable[[str], None],
+        on_full: Callable[[Arrived, Exception], None],
     ) -> None:
         self.cfg, self.engine = cfg, engine
-        self.next_round, self.running = next_round, running
-        self.on_admitted, self.on_outcome = on_admitted, on_outcome
+        self.running = running
+        self.on_admitted, self.on_outcome, self.on_full = on_admitted, on_outcome, on_full
 
     def add(self, rnd: Round, arrived: Arrived) -> None:
         cfg = self.cfg
@@ -76,21 +78,30 @@ class Admitter:
             return
         replies: list = []
         out, cancel = cfg.keys.out(job.id), cfg.keys.cancel(job.id)
-        add_acquire(rnd, cfg, job.id, replies.append)
-        rnd.add(lambda p: p.hget(cfg.keys.attempts, job.id), replies.append)
-        rnd.add(lambda p: p.xrange(out, count=cfg.stream_maxlen), replies.append)
-        rnd.add(lambda p: p.exists(cancel), lambda r: self._decide(arrived, job, raw, [*replies, r]))
+        keep = lambda reply, _into: replies.append(reply)  # noqa: E731
+        add_acquire(rnd, cfg, job.id, keep)
+        rnd.add(lambda p: p.hget(cfg.keys.attempts, job.id), keep)
+        rnd.add(lambda p: p.xrange(out, count=cfg.stream_maxlen), keep)
+        rnd.add(
+            lambda p: p.exists(cancel), lambda r, into: self._decide(arrived, job, raw, [*replies, r], into)
+        )
 
-    def _decide(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
+    def _decide(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list, into: Round) -> None:
         try:
-            self._decide_or_raise(arrived, job, raw, replies)
+            self._decide_or_raise(arrived, job, raw, replies, into)
         except Exception as exc:  # whatever a client sent, the worker goes on serving
             log.exception("unexpected error admitting a job", request_id=job.id)
             error = JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500], job.id)
-            self._refuse(self.next_round(), arrived, error, raw, owned=True)
+            self._refuse(into, arrived, error, raw, owned=True)
 
-    def _decide_or_raise(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
-        cfg, nxt = self.cfg, self.next_round()
+    def _decide_or_raise(
+        self, arrived: Arrived, job: Job, raw: bytes | None, replies: list, nxt: Round
+    ) -> None:
+        cfg = self.cfg
+        full = next((r for r in replies if isinstance(r, redis.OutOfMemoryError)), None)
+        if full is not None:  # Redis is full: decide nothing, try again once it has room
+            self.on_full(arrived, full)
+            return
         owner, started, entries, cancelled = replies
         local = self.running(job.id)
         if local is not None or (owner is not None and owner != cfg.consumer.encode()):

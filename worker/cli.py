@@ -30,6 +30,16 @@ WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
 CLIENT_KEYS_NOT_OPTIONS = ("dead_stream",)
 
 
+def _redis_url_option(ctx, param, value: str) -> str:
+    """A URL redis-py cannot use fails here, with exit code 2, before any model is loaded."""
+    from worker.preflight import check_url
+
+    try:
+        return check_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def redis_options(f):
     for decorator in reversed(
         [
@@ -37,6 +47,7 @@ def redis_options(f):
                 "--redis-url",
                 default="redis://localhost:6379/0",
                 help="redis://, rediss:// (TLS); user:password@ for ACL",
+                callback=_redis_url_option,
             ),
             opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
@@ -84,19 +95,28 @@ def worker(**kw: Any) -> None:
 
     from engine import LLMEngine
     from worker import logs
+    from worker.consumer_lease import ConsumerNameTaken
     from worker.keys import group_name
     from worker.loop import Worker
+    from worker.preflight import PreflightError, check_eviction_policy, wait_reachable
     from worker.tiny import resolve_model
 
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
+    client = _client(kw)
+    try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
+        wait_reachable(client, kw["redis_url"])
+        check_eviction_policy(client, kw["allow_eviction"])
+    except PreflightError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except redis.AuthenticationError as exc:
+        raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
     model = resolve_model(engine_kw.pop("model"))
     if threads := kw.pop("torch_threads"):
         import torch
 
         torch.set_num_threads(threads)
     engine = LLMEngine(model, **engine_kw)
-    client = _client(kw)
     cfg = WorkerConfig(
         group=kw["group"] or group_name(model),
         keys=Keys(**pop_config_kwargs(Keys, kw)),
@@ -112,6 +132,8 @@ def worker(**kw: Any) -> None:
         w.run()
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
+    except ConsumerNameTaken as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()

@@ -48,6 +48,9 @@ class WorkerConfig:
     )
     stream_ttl_s: int = knob(3600, "seconds an output stream lives after its last event", cli="stream-ttl")
     dead_maxlen: int = knob(100_000, "cap on the dead-letter stream's length")
+    allow_eviction: bool = knob(
+        False, "run on a Redis whose maxmemory-policy may evict keys (jobs and events can be lost)"
+    )
 
     def __post_init__(self) -> None:
         if self.lease_ms < 300:

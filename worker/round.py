@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.commands.core import CoreCommands
@@ -25,7 +25,15 @@ try:  # hiredis packs a command in C; redis-py's own packer is the fallback
 except ImportError:  # pragma: no cover
     pack_command = None  # type: ignore[assignment]
 
-Handler = Callable[[Any], None]
+# Called with the command's reply and the round being built next, where it writes any follow-up commands.
+Handler = Callable[[Any, "Round"], None]
+
+
+class Command(NamedTuple):
+    args: tuple
+    options: dict
+
+
 _MULTI, _EXEC = ("MULTI",), ("EXEC",)
 
 
@@ -36,7 +44,7 @@ class Recorder(CoreCommands):
         self.stack = stack
 
     def execute_command(self, *args, **options):
-        self.stack.append((args, options))
+        self.stack.append(Command(args, options))
 
 
 @dataclass
@@ -47,7 +55,7 @@ class Sent:
 
 class Round:
     def __init__(self) -> None:
-        self.stack: list[tuple[tuple, dict]] = []
+        self.stack: list[Command] = []
         self.handlers: list[Handler | None] = []
         # CoreCommands declares a client's event dispatcher abstract; a Recorder never dispatches events.
         self._recorder = Recorder(self.stack)  # type: ignore[abstract]
@@ -63,7 +71,7 @@ class Round:
         self.handlers.append(on_result)
 
     def raw(self, args: tuple, on_result: Handler | None = None) -> None:
-        self.stack.append((args, {}))
+        self.stack.append(Command(args, {}))
         self.handlers.append(on_result)
 
     def __len__(self) -> int:
@@ -101,8 +109,9 @@ class Round:
             try:
                 replies = connection.read_response()
                 self.answered_at = time.perf_counter()
-            except redis.exceptions.ExecAbortError:
-                raise next(e for e in queued if e is not None) from None
+            except redis.exceptions.ExecAbortError as abort:
+                # Nothing ran. The first refusal says why (OOM: Redis is full); the abort stays its cause.
+                raise next((e for e in queued if e is not None), abort) from abort
         except BaseException:
             self._fail(client, connection)
             raise
@@ -123,10 +132,11 @@ class Round:
         connection.disconnect()
         client.connection_pool.release(connection)
 
-    def dispatch(self, results: list[Any]) -> None:
+    def dispatch(self, results: list[Any], into: Round) -> None:
+        """Hand each reply to its handler; what they write goes into `into`, the round built next."""
         for handler, result in zip(self.handlers, results, strict=True):
             if handler is not None:
-                handler(result)
+                handler(result, into)
 
 
 def _split_name(args: tuple) -> tuple:

@@ -168,6 +168,21 @@ if TYPE_CHECKING:  # mypy (.ci/run) checks that the fake is an EngineClient, sig
     _: EngineClient = FakeEngine()
 
 
+def wait_until(predicate, timeout_s: float, what: str):
+    """Poll `predicate` until it returns something true (returned), or fail naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)
+    return value
+
+
+def blocked_clients(client) -> int:
+    """Clients blocked in Redis (an idle worker waits in XREADGROUP BLOCK)."""
+    return int(client.info("clients")["blocked_clients"])
+
+
 @contextmanager
 def running_worker(engine, url: str, **overrides):
     """A Worker on a thread; warm-stopped (drained) on exit."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers.worker_fakes import real_engine, running_worker
+from tests.helpers.worker_fakes import real_engine, running_worker, wait_until
 from worker.client import collect, enqueue
 from worker.keys import Keys
 
@@ -66,7 +66,7 @@ def test_late_subscriber_replays_and_live_subscriber_sees_the_same(redis_server,
             {"id": "p1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0},
         )
         listener.join(timeout=60)
-        time.sleep(0.2)
+        wait_until(lambda: r.xpending(K.requests, "test")["pending"] == 0, 10, "the terminal ack")
     replay = collect(r, "p1", timeout_s=5)  # subscribes after the end: still sees everything
     assert replay == live and replay[-1]["type"] in ("done", "error")
 
@@ -77,8 +77,7 @@ def test_cancel_mid_generation_frees_blocks(redis_server, r, tiny_model):
         enqueue(
             r, {"id": "c1", "prompt": "cancel me", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
         )
-        while r.xlen(K.out("c1")) < 3:
-            time.sleep(0.005)
+        wait_until(lambda: r.xlen(K.out("c1")) >= 3, 60, "first tokens")
         assert engine.stats().num_kv_blocks_used > 0
         r.publish(K.cancel_channel, "c1")
         events = collect(r, "c1", timeout_s=30)

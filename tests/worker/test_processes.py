@@ -96,7 +96,12 @@ def test_second_signal_exits_at_once_and_another_worker_resumes(redis_server, r,
         enqueue(r, job)
         wait_for(lambda: r.xlen(K.out("rz")) >= 5, 60, "first tokens")
         first.send_signal(signal.SIGTERM)
-        time.sleep(0.2)  # two identical pending signals would be delivered as one
+        # Two identical pending signals would be delivered as one: the second goes once the first is seen.
+        wait_for(
+            lambda: any(e.get("event") == "draining: no new jobs" for e in log_lines(tmp_path / "1.log")),
+            30,
+            "the drain",
+        )
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=30) == 0
     finally:
