@@ -103,9 +103,10 @@ def worker(**kw: Any) -> None:
 
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
+    url = kw["redis_url"]
     client = _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
-        wait_reachable(client, kw["redis_url"])
+        wait_reachable(client, url)
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
         raise click.ClickException(str(exc)) from exc

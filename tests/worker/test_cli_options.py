@@ -66,7 +66,12 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     import worker.loop
 
     monkeypatch.setattr(engine, "LLMEngine", lambda model, **kw: ("engine", model, kw), raising=False)
+    import worker.preflight
+
     monkeypatch.setattr(worker.cli, "_client", lambda kw: None)
+    # No Redis here: the start-up checks (tested in test_cli.py) are not what this test is about.
+    monkeypatch.setattr(worker.preflight, "wait_reachable", lambda client, url: None)
+    monkeypatch.setattr(worker.preflight, "check_eviction_policy", lambda client, allow: None)
 
     def built(engine, client, cfg):
         raise _Built(engine, cfg)
