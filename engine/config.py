@@ -49,6 +49,9 @@ class EngineConfig:
     scheduling: Literal["continuous", "static"] = "continuous"
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # "native": our Llama-family code; "transformers": the model's own transformers code on our paged attention;
+    # "auto": native for the Llama family, transformers for everything else.
+    model_impl: Literal["auto", "native", "transformers"] = "auto"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -62,6 +65,7 @@ class EngineConfig:
         _check_choice(self, "scheduling", ("continuous", "static"))
         _check_choice(self, "scheduling_policy", ("fcfs", "priority"))
         _check_choice(self, "attention_backend", ("auto", "torch", "triton"))
+        _check_choice(self, "model_impl", ("auto", "native", "transformers"))
 
 
 def _check_at_least_one(config: object, *names: str) -> None:

@@ -52,7 +52,9 @@ class LLMEngine:
     def __init__(self, model: str, **options: object) -> None:
         self.config = config = EngineConfig(model=model, **options)  # type: ignore[arg-type]
         self.device = resolve_device(config.device)
-        self.model, self.spec = load_model(config.model, dtype=config.dtype, device=self.device)
+        self.model, self.spec = load_model(
+            config.model, dtype=config.dtype, device=self.device, model_impl=config.model_impl
+        )
         self.tokenizer = load_tokenizer(config.model)
         self.max_model_len = self._resolve_max_model_len()
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import re
 
-from engine.models.config import ARCHITECTURES, ModelArgs, UnsupportedModelError, supported_names
+from engine.models.config import ARCHITECTURES, MODEL_TYPES, ModelArgs, UnsupportedModelError, supported_names
 from engine.models.llama import LlamaForCausalLM
 
-__all__ = ["ARCHITECTURES", "UnsupportedModelError", "build_model", "map_weight_name", "supported_names"]
+__all__ = [
+    "ARCHITECTURES",
+    "UnsupportedModelError",
+    "build_model",
+    "is_native",
+    "map_weight_name",
+    "supported_names",
+]
 
 # HF projection -> (our fused parameter, shard name). Shards are laid out in the order listed per target.
 _FUSED = {
@@ -25,6 +32,14 @@ def build_model(args: ModelArgs) -> LlamaForCausalLM:
     if args.family not in {"llama", "mistral", "qwen2", "qwen3"}:
         raise UnsupportedModelError(f"unsupported family {args.family!r}; supported: {supported_names()}")
     return LlamaForCausalLM(args)
+
+
+def is_native(cfg: dict) -> bool:
+    """Whether `model_impl="auto"` runs this config.json on our own model code (else on transformers' code)."""
+    archs = cfg.get("architectures") or []
+    if archs:
+        return any(a in ARCHITECTURES for a in archs)
+    return cfg.get("model_type") in MODEL_TYPES
 
 
 def map_weight_name(hf_name: str) -> tuple[str, str | None] | None:
