@@ -11,8 +11,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-
-import torch
+from typing import Any
 
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
@@ -20,26 +19,19 @@ from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import TextStream
-from engine.errors import RequestRejected
+from engine.device import resolve_device
+from engine.errors import RejectReason, RequestRejected
 from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
+from engine.prompt import Chat, Prompt
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import load_tokenizer
+from engine.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
 _SAMPLE_SEP = "\x1f"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
-    return device
 
 
 class LLMEngine:
@@ -49,18 +41,26 @@ class LLMEngine:
     >>> llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))[0].text
     """
 
-    def __init__(self, model: str, **options: object) -> None:
-        self.config = config = EngineConfig(model=model, **options)  # type: ignore[arg-type]
+    def __init__(self, model: str, **options: Any) -> None:
+        self.config = config = EngineConfig(model=model, **options)
+        # Device, attention backend and EOS ids are resolved here, once, and passed down explicitly.
         self.device = resolve_device(config.device)
+        self.attention_backend = get_attention_backend(config.attention_backend, self.device)
         self.model, self.spec = load_model(
-            config.model, dtype=config.dtype, device=self.device, model_impl=config.model_impl
+            config.model,
+            dtype=config.dtype,
+            device=self.device,
+            attention_backend=self.attention_backend,
+            model_impl=config.model_impl,
         )
         self.tokenizer = load_tokenizer(config.model)
         self.max_model_len = self._resolve_max_model_len()
+        # Longest prompt accepted: the option, and always room for one generated token.
+        self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.spec, config.block_size, self.device, config.kv_cache_memory
         )
-        self.eos_token_ids = frozenset(self.spec.eos_token_ids) | _tokenizer_eos(self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, self.spec.eos_token_ids)
         kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
         self.runner = ModelRunner(
             self.model,
@@ -68,7 +68,7 @@ class LLMEngine:
             kv_pool,
             config.block_size,
             self.device,
-            get_attention_backend(config.attention_backend, self.device),
+            self.attention_backend,
             Sampler(self.spec.vocab_size, self.eos_token_ids),
         )
         self.scheduler = Scheduler(
@@ -100,7 +100,7 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         params: SamplingParams | None = None,
         *,
         priority: int = 0,
@@ -109,16 +109,26 @@ class LLMEngine:
     ) -> int:
         """Queue a request; return its number of prompt tokens. Raises `RequestRejected` if it can never run.
 
+        `prompt`: text (encoded with the tokenizer's BOS), token ids (used as given), or `Chat` messages
+        (rendered with the model's chat template, whose own special tokens are kept and not doubled).
         `prior_output_token_ids` (one list per sample) resumes a request whose first tokens were generated
         elsewhere: they count towards `max_tokens`, and only tokens after them are emitted.
         """
         params = params or SamplingParams()
         if request_id in self._groups:
-            raise RequestRejected(f"request id {request_id!r} is already in use")
+            raise RequestRejected(RejectReason.DUPLICATE_ID, f"request id {request_id!r} is already in use")
         prompt_ids = self._encode(prompt)
+        if len(prompt_ids) > self.max_prompt_tokens:
+            raise RequestRejected(
+                RejectReason.PROMPT_TOO_LONG,
+                f"prompt has {len(prompt_ids)} tokens, the limit is {self.max_prompt_tokens}",
+            )
         priors = [list(p) for p in prior_output_token_ids] if prior_output_token_ids else [[]] * params.n
         if len(priors) != params.n:
-            raise RequestRejected(f"prior_output_token_ids has {len(priors)} lists, expected n={params.n}")
+            raise RequestRejected(
+                RejectReason.BAD_PRIOR_OUTPUT,
+                f"prior_output_token_ids has {len(priors)} lists, expected n={params.n}",
+            )
         for prior in priors:
             self._check_token_ids(prior, "prior_output_token_ids")
         arrival = time.monotonic() if arrival_time is None else arrival_time
@@ -245,7 +255,7 @@ class LLMEngine:
 
     def generate(
         self,
-        prompts: Sequence[str | Sequence[int]],
+        prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs in the order of `prompts`."""
@@ -307,11 +317,6 @@ class LLMEngine:
         allocated = len(written) * block_size
         return allocated - sum(written.values()), allocated
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise RequestRejected("this model has no chat template; send `prompt` instead of `messages`")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
     def describe(self) -> dict[str, object]:
         return {
             **asdict(self.config),
@@ -332,23 +337,38 @@ class LLMEngine:
             raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
         return wanted
 
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, Chat):
+            ids = self._encode_chat(prompt)
+        elif isinstance(prompt, str):
             if not prompt:
-                raise RequestRejected("the prompt is empty")
+                raise RequestRejected(RejectReason.EMPTY_PROMPT, "the prompt is empty")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
             self._check_token_ids(ids, "prompt token ids")
         if not ids:
-            raise RequestRejected("the prompt is empty")
+            raise RequestRejected(RejectReason.EMPTY_PROMPT, "the prompt is empty")
         return ids
+
+    def _encode_chat(self, chat: Chat) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestRejected(
+                RejectReason.NO_CHAT_TEMPLATE,
+                "this model has no chat template; send `prompt` instead of `messages`",
+            )
+        try:
+            return encode_chat(self.tokenizer, [dict(m) for m in chat.messages])
+        except Exception as exc:  # a template may raise anything (jinja errors, its own raise_exception)
+            raise RequestRejected(RejectReason.BAD_MESSAGES, f"messages: {exc}") from None
 
     def _check_token_ids(self, ids: list[int], what: str) -> None:
         vocab = self.spec.vocab_size
         for t in ids:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                raise RequestRejected(f"{what} must be ints in [0, {vocab}); got {t!r}")
+                raise RequestRejected(
+                    RejectReason.BAD_TOKEN_IDS, f"{what} must be ints in [0, {vocab}); got {t!r}"
+                )
 
     def _resumed_finish_reason(self, request: Request, stream: TextStream) -> str | None:
         """Why a resumed sample had already finished before it was resubmitted (None: it goes on)."""
@@ -358,8 +378,3 @@ class LLMEngine:
             return "stop"
         status = check_stop(request, request.output_token_ids[-1], self.eos_token_ids, self.max_model_len)
         return FINISH_REASONS[status] if status is not None else None
-
-
-def _tokenizer_eos(tokenizer: object) -> frozenset[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return frozenset([eos]) if isinstance(eos, int) else frozenset()

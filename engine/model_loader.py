@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.backend import AttentionBackend, get_attention_backend
+from engine.device import resolve_device
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import _dtype, _ids
 from engine.models.registry import is_native
@@ -137,18 +138,17 @@ def load_model(
     model: str | Path,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
-    attention_backend: str = "auto",
+    attention_backend: AttentionBackend | None = None,
     model_impl: str = "auto",
 ) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelSpec]:
     """Build the model for a HF checkpoint and load its weights. Returns (model in eval mode, spec).
 
-    model_impl: "native" (our Llama-family code), "transformers" (the model's own transformers code on our
+    `attention_backend`: the engine's, resolved once; None (tests, tools) -> the device's default.
+    `model_impl`: "native" (our Llama-family code), "transformers" (the model's own transformers code on our
     paged attention, engine/models/generic/), or "auto": native for the Llama family, transformers otherwise."""
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = resolve_device(device)
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.exists():
@@ -165,7 +165,7 @@ def load_model(
     if args.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
     load_weights(net, model_dir)
-    net.attn_backend = get_attention_backend(attention_backend, device)
+    net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
     spec = ModelSpec(
         num_layers=args.num_layers,
@@ -182,13 +182,17 @@ def load_model(
 
 
 def _load_generic(
-    model_dir: Path, cfg: dict, dtype: str | torch.dtype, device: torch.device, attention_backend: str
+    model_dir: Path,
+    cfg: dict,
+    dtype: str | torch.dtype,
+    device: torch.device,
+    attention_backend: AttentionBackend | None,
 ) -> tuple[TransformersCausalLM, ModelSpec]:
     from engine.models.generic.load import load_transformers_model
 
     torch_dtype = resolve_dtype(dtype, _dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
     net, call = load_transformers_model(model_dir, torch_dtype, device)
-    net.attn_backend = get_attention_backend(attention_backend, device)
+    net.attn_backend = attention_backend or get_attention_backend("auto", device)
     text = net.hf.config.get_text_config()
     spec = ModelSpec(
         num_layers=text.num_hidden_layers,

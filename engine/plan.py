@@ -1,4 +1,5 @@
 """Back-of-the-envelope capacity plan from config.json alone: weights, KV per token, blocks, concurrency.
+It parses config.json with the engine's ModelArgs and sizes KV with engine/kv_cache.py's formula.
 
     KV bytes per token = num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
     blocks             = (memory - weights - activation reserve) // (block_size * KV bytes per token)
@@ -16,6 +17,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.kv_cache import kv_bytes_per_token
+from engine.models.config import ModelArgs
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -42,19 +46,15 @@ class Plan:
         return self.num_blocks * self.block_size
 
 
-def count_params(cfg: dict) -> int:
-    """Parameters of a Llama-family config (q/k/v/o, gated MLP, norms, embeddings, optional untied head)."""
-    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    d = cfg.get("head_dim") or h // heads
-    qkv = (heads + 2 * kv_heads) * d
-    qwen2 = cfg.get("model_type") == "qwen2"
-    bias = qkv if qwen2 or cfg.get("attention_bias") else 0
-    qk_norm = 2 * d if cfg.get("model_type") == "qwen3" else 0
-    layer = h * qkv + bias + heads * d * h + 3 * h * inter + 2 * h + qk_norm
-    head = 0 if cfg.get("tie_word_embeddings") else vocab * h
-    return vocab * h + cfg["num_hidden_layers"] * layer + h + head
+def count_params(args: ModelArgs) -> int:
+    """Parameters of a Llama-family model (q/k/v/o, gated MLP, norms, embeddings, optional untied head)."""
+    h, inter, vocab, d = args.hidden_size, args.intermediate_size, args.vocab_size, args.head_dim
+    qkv = (args.num_heads + 2 * args.num_kv_heads) * d
+    bias = qkv if args.qkv_bias else 0
+    qk_norm = 2 * d if args.qk_norm else 0
+    layer = h * qkv + bias + args.num_heads * d * h + 3 * h * inter + 2 * h + qk_norm
+    head = 0 if args.tie_word_embeddings else vocab * h
+    return vocab * h + args.num_layers * layer + h + head
 
 
 def plan(
@@ -69,23 +69,21 @@ def plan(
     max_num_seqs: int = 64,
 ) -> Plan:
     path = Path(config_path_or_dir)
-    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
+    args = ModelArgs.from_hf(json.loads((path / "config.json" if path.is_dir() else path).read_text()))
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
-    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    d = cfg.get("head_dim") or h // heads
-    params = count_params(cfg)
+    params = count_params(args)
     weights = params * item
-    per_token = cfg["num_hidden_layers"] * 2 * kv_heads * d * item
+    per_token = kv_bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, item)
     per_block = per_token * block_size
-    qkv = (heads + 2 * kv_heads) * d
-    reserve = max_num_batched_tokens * (2 * h + qkv + 2 * cfg["intermediate_size"]) * item
-    reserve += max_num_seqs * cfg["vocab_size"] * 4
+    qkv = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
+    reserve = max_num_batched_tokens * (2 * args.hidden_size + qkv + 2 * args.intermediate_size) * item
+    reserve += max_num_seqs * args.vocab_size * 4
     budget = max(0, memory_bytes - weights - reserve)
     blocks = budget // per_block
-    model_len = max_model_len or cfg.get("max_position_embeddings", 2048)
+    model_len = max_model_len or args.max_position_embeddings
     if seq_lens is None:  # a short, a medium and a full-length sequence
         seq_lens = sorted({max(1, model_len // 8), max(1, model_len // 2), model_len})
     too_long = [n for n in seq_lens if n > model_len or n < 1]

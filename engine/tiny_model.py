@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from engine.models.registry import TINY_ARCHS
+
+ARCHS = TINY_ARCHS  # every architecture the engine runs has a tiny model
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + BOS + "{{ m['role'] }}\n{{ m['content'] }}" + EOS + "\n{% endfor %}"
@@ -75,7 +78,7 @@ def _train_tokenizer(vocab_size: int):
 
 # arch -> (transformers config class, architecture, fixed settings). The first four run on our native code;
 # the rest on the generic path (their own transformers modules), each showing one feature of its family.
-FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),  # full context
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": False}),
@@ -97,7 +100,6 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     # Parallel residual, LayerNorm with bias, partial rotary (a quarter of each head), multi-head KV.
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"partial_rotary_factor": 0.25}),
 }
-ARCHS = tuple(FAMILIES)
 # Rotary settings that transformers 5 keeps inside rope_parameters.
 _ROPE_KEYS = ("partial_rotary_factor",)
 
@@ -105,9 +107,10 @@ _ROPE_KEYS = ("partial_rotary_factor",)
 def _config(arch: str, rope: dict[str, Any], overrides: dict[str, Any], **kw: Any):
     import transformers
 
-    if arch not in FAMILIES:
+    # A family in the registry but missing here fails loudly.
+    if arch not in ARCHS or arch not in CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
-    class_name, architecture, fixed = FAMILIES[arch]
+    class_name, architecture, fixed = CONFIGS[arch]
     settings = {**fixed, **overrides}
     rope = {**rope, **{k: settings.pop(k) for k in _ROPE_KEYS if k in settings}}
     if arch == "gpt_neox":  # multi-head KV, its head size from hidden / heads, LayerNorm

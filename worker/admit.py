@@ -16,14 +16,18 @@ from dataclasses import dataclass
 import structlog
 from pydantic import ValidationError
 
+from engine.client import EngineClient
+from engine.errors import RequestRejected
+from engine.prompt import Chat, Prompt
+from engine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.errors import ErrorCode, JobError
 from worker.intake import parse_entry
 from worker.keys import JOB_FIELD
 from worker.lease import add_acquire, add_release
-from worker.limits import check_prompt_tokens
 from worker.protocol import Job
 from worker.publish import add_ack, add_failure
+from worker.rejections import job_error
 from worker.resume import read_resume
 from worker.round import Round
 from worker.state import InFlight
@@ -43,7 +47,7 @@ class Admitter:
     def __init__(
         self,
         cfg: WorkerConfig,
-        engine,
+        engine: EngineClient,
         next_round: Callable[[], Round],
         running: Callable[[str], InFlight | None],
         on_admitted: Callable[[InFlight], None],
@@ -146,46 +150,34 @@ class Admitter:
             state.stop_reason = "cancel"
 
     def _start(self, job: Job, prior: list[list[int]] | None) -> None:
-        from engine.sampling_params import SamplingParams
-
         try:
             params = SamplingParams(**job.sampling_kwargs())
         except ValidationError as exc:
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(map(str, first["loc"])) or "params"
             raise JobError(ErrorCode.INVALID_PARAMS, f"{where}: {first['msg']}", job.id) from None
-        prompt = self._prompt(job)
         try:
+            # The engine templates, tokenizes and checks the prompt's length; the worker never tokenizes.
             self.engine.add_request(
-                job.id, prompt, params, priority=job.priority, prior_output_token_ids=prior
+                job.id, _prompt(job), params, priority=job.priority, prior_output_token_ids=prior
             )
-        except ValueError as exc:  # engine.RequestRejected is a ValueError
-            raise JobError(ErrorCode.REJECTED, str(exc) or type(exc).__name__, job.id) from None
+        except RequestRejected as rejected:
+            raise job_error(rejected, job.id) from None
         except Exception as exc:  # an engine bug must not take the worker down with it
             log.exception("add_request failed", request_id=job.id)
             raise JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", job.id) from None
-
-    def _prompt(self, job: Job) -> str | list[int]:
-        limit = self.engine.max_model_len - 1  # room for at least one generated token
-        if self.cfg.limits.max_prompt_tokens is not None:
-            limit = min(limit, self.cfg.limits.max_prompt_tokens)
-        tokenizer = self.engine.tokenizer
-        if job.prompt_token_ids is not None:
-            check_prompt_tokens(len(job.prompt_token_ids), limit, job.id)
-            return list(job.prompt_token_ids)
-        if job.messages is not None:
-            try:
-                prompt = self.engine.apply_chat_template([m.model_dump() for m in job.messages])
-            except Exception as exc:
-                raise JobError(ErrorCode.INVALID_JOB, f"messages: {exc}", job.id) from None
-        else:
-            prompt = job.prompt
-        # A token covers at least one byte, so a short prompt needs no tokenizing here (the engine will).
-        if len(prompt.encode()) + 2 > limit:
-            check_prompt_tokens(len(tokenizer.encode(prompt)), limit, job.id)
-        return prompt
 
     def _refuse(self, rnd: Round, arrived: Arrived, error: JobError, raw: bytes | None, owned: bool) -> None:
         log.warning("job refused", request_id=error.job_id, code=error.code.value, reason=error.message)
         add_failure(rnd, self.cfg, arrived.entry_id, error, raw, owned)
         self.on_outcome(error.code.value)
+
+
+def _prompt(job: Job) -> Prompt:
+    """The job's prompt as the engine takes it: token ids, text, or chat messages (exactly one is set)."""
+    if job.prompt_token_ids is not None:
+        return list(job.prompt_token_ids)
+    if job.messages is not None:
+        return Chat([m.model_dump() for m in job.messages])
+    assert job.prompt is not None  # the protocol model requires exactly one of the three
+    return job.prompt

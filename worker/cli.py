@@ -1,23 +1,29 @@
 """`conveyor` command line: worker, submit, demo, make-tiny-model, plan.
 
 Every option can also come from the environment: CONVEYOR_<OPTION> (e.g. CONVEYOR_REDIS_URL,
-CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>.
+CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>. The worker's engine and worker options are
+made from EngineConfig, WorkerConfig and Limits (worker/cli_options.py): defaults and help live there.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import redis
 
+from engine.config import EngineConfig, literal_choices
+from engine.models.registry import TINY_ARCHS
+from worker.cli_options import config_defaults, config_options, opt, pop_config_kwargs
+from worker.config import WorkerConfig
+from worker.limits import Limits
 from worker.sizes import parse_size
 
-
-def opt(*decls: str, **kwargs):
-    """click.option with CONVEYOR_<NAME> and CONVEYOR_WORKER_<NAME> environment variables."""
-    name = max((d for d in decls if d.startswith("--")), key=len).lstrip("-").split("/")[0]
-    env = name.upper().replace("-", "_")
-    kwargs.setdefault("show_default", True)
-    return click.option(*decls, envvar=[f"CONVEYOR_{env}", f"CONVEYOR_WORKER_{env}"], **kwargs)
+ENGINE_DEFAULTS = config_defaults(EngineConfig)
+# `conveyor plan` sizes for a concrete dtype: every engine dtype but "auto".
+PLAN_DTYPES = [d for d in literal_choices(EngineConfig, "dtype") or () if d != "auto"]
+# Fields that are not options of their own: the group and keys come from --group/--prefix/--stream.
+WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
 
 
 def redis_options(f):
@@ -54,50 +60,13 @@ def main() -> None:
     """Conveyor: LLM inference workers fed by Redis Streams."""
 
 
-def engine_options(f):
-    decorators = [
-        opt("--model", required=True, help="checkpoint folder, hub id, or tiny[:llama|mistral|qwen2|qwen3]"),
-        opt("--block-size", type=int, default=16),
-        opt("--max-num-seqs", type=int, default=64),
-        opt("--max-num-batched-tokens", type=int, default=2048),
-        opt("--max-model-len", type=int, default=None),
-        opt("--num-kv-blocks", type=int, default=None),
-        opt("--kv-cache-memory", type=float, default=None, help="bytes, or a fraction of free GPU memory"),
-        opt("--enable-prefix-caching/--no-enable-prefix-caching", default=True),
-        opt("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto"),
-        opt("--device", default="auto"),
-        opt("--scheduling", type=click.Choice(["continuous", "static"]), default="continuous"),
-        opt("--scheduling-policy", type=click.Choice(["fcfs", "priority"]), default="fcfs"),
-        opt("--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default="auto"),
-    ]
-    for decorator in reversed(decorators):
-        f = decorator(f)
-    return f
-
-
-ENGINE_KEYS = (
-    "block_size max_num_seqs max_num_batched_tokens max_model_len num_kv_blocks kv_cache_memory "
-    "enable_prefix_caching dtype device scheduling scheduling_policy attention_backend"
-).split()
-
-
 @main.command()
-@engine_options
+@config_options(EngineConfig)
 @redis_options
 @opt("--dead-stream", default="", help="dead-letter stream (default <prefix>:dead)")
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
-@opt(
-    "--consumer", default=None, help="consumer name (default: <host>-<pid>); reuse it to resume pending jobs"
-)
-@opt("--max-wait-ms", type=int, default=0, help="idle: gather arriving jobs this long before the first step")
-@opt("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight jobs after SIGTERM")
-@opt("--lease-ms", type=int, default=15_000, help="jobs idle this long under a silent worker are taken over")
-@opt("--max-attempts", type=int, default=3)
-@opt("--stream-maxlen", type=int, default=100_000, help="cap on each output stream's length")
-@opt("--stream-ttl", type=int, default=3600, help="seconds an output stream lives after its last event")
-@opt("--max-payload-bytes", type=int, default=1 << 20)
-@opt("--max-prompt-tokens", type=int, default=None)
-@opt("--max-tokens-limit", type=int, default=None, help="largest max_tokens a job may ask for")
+@config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
+@config_options(Limits)
 @opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
 @opt(
     "--torch-threads",
@@ -106,37 +75,30 @@ ENGINE_KEYS = (
     help="torch intra-op threads (0: torch's default, one per core)",
 )
 @opt("--log-level", default="info")
-def worker(**kw) -> None:
+def worker(**kw: Any) -> None:
     """Serve jobs from the requests stream until SIGTERM (drain) or a second signal (exit at once)."""
     import signal
 
     from engine import LLMEngine
     from worker import logs
-    from worker.config import WorkerConfig, default_consumer
     from worker.keys import Keys, group_name
-    from worker.limits import Limits
     from worker.loop import Worker
     from worker.tiny import resolve_model
 
     logs.configure(kw.pop("log_level"))
-    model = resolve_model(kw.pop("model"))
+    engine_kw = pop_config_kwargs(EngineConfig, kw)
+    model = resolve_model(engine_kw.pop("model"))
     if threads := kw.pop("torch_threads"):
         import torch
 
         torch.set_num_threads(threads)
-    engine = LLMEngine(model, **{k: kw.pop(k) for k in ENGINE_KEYS})
+    engine = LLMEngine(model, **engine_kw)
     client = _client(kw)
     cfg = WorkerConfig(
         group=kw["group"] or group_name(model),
-        consumer=kw["consumer"] or default_consumer(),
         keys=Keys(kw["prefix"], kw["stream"], kw["dead_stream"]),
-        limits=Limits(kw["max_payload_bytes"], kw["max_prompt_tokens"], kw["max_tokens_limit"]),
-        lease_ms=kw["lease_ms"],
-        max_attempts=kw["max_attempts"],
-        max_wait_ms=kw["max_wait_ms"],
-        drain_timeout_s=kw["drain_timeout"],
-        stream_maxlen=kw["stream_maxlen"],
-        stream_ttl_s=kw["stream_ttl"],
+        limits=Limits(**pop_config_kwargs(Limits, kw)),
+        **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
     w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
@@ -195,7 +157,7 @@ def submit(prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, **
 )
 @opt("--jobs", type=int, default=4)
 @opt("--max-tokens", type=int, default=48)
-@opt("--arch", type=click.Choice(["llama", "mistral", "qwen2", "qwen3"]), default="llama")
+@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
 def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
     """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side."""
     from worker.demo import run_demo
@@ -205,9 +167,7 @@ def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
 
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option(
-    "--arch", type=click.Choice(["llama", "mistral", "qwen2", "qwen3"]), default="llama", show_default=True
-)
+@click.option("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], show_default=True)
 def make_tiny_model_cmd(out_dir: str, arch: str) -> None:
     """Write a small random checkpoint with its tokenizer (no downloads)."""
     from engine.tiny_model import make_tiny_model
@@ -226,12 +186,12 @@ def _size_option(ctx, param, value):
 @click.option("--model", required=True, help="checkpoint folder or its config.json")
 @click.option("--memory", required=True, callback=_size_option, help="e.g. 80GiB, 512MiB")
 @click.option("--max-model-len", type=int, default=None)
+@click.option("--dtype", type=click.Choice(PLAN_DTYPES), default="bfloat16", show_default=True)
+@click.option("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"], show_default=True)
+@click.option("--max-num-seqs", type=int, default=ENGINE_DEFAULTS["max_num_seqs"], show_default=True)
 @click.option(
-    "--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="bfloat16", show_default=True
+    "--max-num-batched-tokens", type=int, default=ENGINE_DEFAULTS["max_num_batched_tokens"], show_default=True
 )
-@click.option("--block-size", type=int, default=16, show_default=True)
-@click.option("--max-num-seqs", type=int, default=64, show_default=True)
-@click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True)
 @click.option(
     "--seq-len", "seq_lens", type=int, multiple=True, help="sequence lengths to size for (repeatable)"
 )

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 import structlog
 
+from engine.client import EngineClient
 from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
 from worker.config import WorkerConfig
@@ -50,7 +51,7 @@ class StopFlag:
 
 class Worker:
     def __init__(
-        self, engine, client: redis.Redis, cfg: WorkerConfig, metrics: Metrics | None = None
+        self, engine: EngineClient, client: redis.Redis, cfg: WorkerConfig, metrics: Metrics | None = None
     ) -> None:
         self.engine, self.client, self.cfg = engine, client, cfg
         self.metrics = metrics or Metrics({"consumer": cfg.consumer})

@@ -20,7 +20,7 @@ from engine.core.fork_waitlist import ForkWaitlist
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import make_queue
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
-from engine.errors import RequestRejected
+from engine.errors import RejectReason, RequestRejected
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
 
@@ -62,24 +62,28 @@ class Scheduler:
         """Raise RequestRejected when the request could never run, whatever else is queued."""
         cfg = self.config
         if request.num_prompt_tokens == 0:
-            raise RequestRejected("the prompt is empty")
+            raise RequestRejected(RejectReason.EMPTY_PROMPT, "the prompt is empty")
         total = request.max_total_tokens
         if total > cfg.max_model_len:
             raise RequestRejected(
+                RejectReason.TOO_LONG_FOR_MODEL,
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) = "
-                f"{total} exceeds max_model_len ({cfg.max_model_len})"
+                f"{total} exceeds max_model_len ({cfg.max_model_len})",
             )
         blocks = self.kv.blocks_needed(total)
         if blocks > cfg.num_blocks:
             raise RequestRejected(
+                RejectReason.TOO_LONG_FOR_KV_CACHE,
                 f"{total} tokens need {blocks} KV blocks of {cfg.block_size} tokens, but the whole pool has "
-                f"{cfg.num_blocks}"
+                f"{cfg.num_blocks}",
             )
 
     def add_request(self, request: Request) -> None:
         self.check_request(request)
         if request.request_id in self.requests:
-            raise RequestRejected(f"request id {request.request_id!r} is already queued")
+            raise RequestRejected(
+                RejectReason.DUPLICATE_ID, f"request id {request.request_id!r} is already queued"
+            )
         self.requests[request.request_id] = request
         if self.forks.add(request):
             return

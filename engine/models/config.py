@@ -8,28 +8,16 @@ from typing import Any
 
 import torch
 
-# HF `architectures` entry -> our family name; the family decides bias and q/k-norm switches.
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+from engine.models.registry import UnsupportedModelError, family_of
+
+__all__ = ["ModelArgs", "UnsupportedModelError", "rope_inv_freq"]
+
 ROPE_TYPES = ("default", "linear", "llama3")
-
-
-class UnsupportedModelError(ValueError):
-    pass
-
-
-def supported_names() -> str:
-    return ", ".join(sorted(ARCHITECTURES)) + " (model_type " + ", ".join(sorted(MODEL_TYPES)) + ")"
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    family: str  # one of engine.models.registry.FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -50,7 +38,7 @@ class ModelArgs:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelArgs:
-        family = _family(cfg)
+        family = family_of(cfg)
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
         if cfg.get("hidden_act", "silu") != "silu":
@@ -76,16 +64,6 @@ class ModelArgs:
             torch_dtype=_dtype(cfg.get("torch_dtype") or cfg.get("dtype")),
             eos_token_ids=_ids(cfg.get("eos_token_id")),
         )
-
-
-def _family(cfg: dict[str, Any]) -> str:
-    for arch in cfg.get("architectures") or []:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    if not cfg.get("architectures") and cfg.get("model_type") in MODEL_TYPES:
-        return cfg["model_type"]
-    named = cfg.get("architectures") or cfg.get("model_type")
-    raise UnsupportedModelError(f"unsupported model {named!r}; supported: {supported_names()}")
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:

@@ -107,7 +107,8 @@ def test_tokenizer_roundtrip_eos_and_chat(tiny_model_dir):
     ids = tok.encode(text)
     assert ids[0] == tok.bos_token_id and len(ids) < len(text) * 0.6  # merges exist
     assert tok.decode(ids, skip_special_tokens=True) == text
-    assert eos_token_ids(tok, d) == frozenset({tok.eos_token_id})
+    assert eos_token_ids(tok) == frozenset({tok.eos_token_id})
+    assert eos_token_ids(tok, (7, tok.eos_token_id)) == frozenset({7, tok.eos_token_id})
     chat = render_chat(tok, [{"role": "user", "content": "hi"}])
     assert chat == "<|bos|>user\nhi<|eos|>\n<|bos|>assistant\n"
     assert encode_chat(tok, [{"role": "user", "content": "hi"}]).count(tok.bos_token_id) == 2

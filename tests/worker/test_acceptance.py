@@ -120,8 +120,8 @@ def test_bad_input_then_still_serving(redis_server, r, tiny_model):
         b'{"id": "e6", "prompt": "x", "max_tokens": 5000}': "max_tokens_too_large",
         b'{"id": "e7", "prompt": "x", "n": 3, "temperature": 0}': "invalid_params",
     }
-    limits = Limits(max_prompt_tokens=100, max_tokens=2000)
-    with running_worker(real_engine(tiny_model), redis_server.url, limits=limits):
+    limits = Limits(max_tokens=2000)
+    with running_worker(real_engine(tiny_model, max_prompt_tokens=100), redis_server.url, limits=limits):
         for raw in bad:
             r.xadd(K.requests, {b"job": raw})
         enqueue(r, {"id": "ok", "prompt": "fine", "max_tokens": 4, "temperature": 0})
