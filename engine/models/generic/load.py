@@ -63,7 +63,14 @@ def load_transformers_model(
     refuse_config(config)
     cls = causal_lm_class(config)
     register()
-    hf = cls.from_pretrained(str(model_dir), dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    hf, info = cls.from_pretrained(
+        str(model_dir), dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION, output_loading_info=True
+    )
+    # transformers fills missing weights with random ones and only logs it: never serve those.
+    problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    if problems or info.get("error_msgs"):
+        detail = "; ".join(f"{k}: {', '.join(map(str, v[:4]))}" for k, v in problems.items())
+        raise KeyError(f"{model_dir}: checkpoint does not match {cls.__name__} ({detail})")
     hf = hf.to(device).eval()
     calls = probe(hf)
     text = hf.config.get_text_config()
