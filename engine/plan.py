@@ -1,5 +1,6 @@
 """Back-of-the-envelope capacity plan from config.json alone: weights, KV per token, blocks, concurrency.
-It parses config.json with the engine's ModelArgs and sizes KV with engine/kv_cache.py's formula.
+It parses config.json with the engine's ModelArgs (the Llama family) or transformers (every other family,
+engine/models/generic/shape.py) and sizes KV with engine/kv_cache.py's formula.
 
     KV bytes per token = num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
     blocks             = (memory - weights - activation reserve) // (block_size * KV bytes per token)
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.models.config import ModelArgs
+from engine.models.registry import is_native
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -69,12 +71,19 @@ def plan(
     max_num_seqs: int = 64,
 ) -> Plan:
     path = Path(config_path_or_dir)
-    # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
-    args = ModelArgs.from_hf(json.loads((path / "config.json" if path.is_dir() else path).read_text()))
+    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
-    params = count_params(args)
+    if is_native(cfg):
+        # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
+        args = ModelArgs.from_hf(cfg)
+        params = count_params(args)
+    else:  # the generic path: transformers reads the config, parameters counted on a meta-device model
+        from engine.models.generic.shape import generic_shape
+
+        args = generic_shape(cfg)
+        params = args.num_params
     weights = params * item
     per_token = kv_bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, item)
     per_block = per_token * block_size
