@@ -125,7 +125,8 @@ def test_probe_refuses_a_head_it_does_not_repeat(tiny_model_dir, monkeypatch):
 
 
 def _call(layer: int, **changes) -> ProbeCall:
-    fields = {"layer_idx": layer, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "mask_is_none": True}
+    fields = {"layer_idx": layer, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "value_head_dim": 8}
+    fields["mask_is_none"] = True
     fields |= {"is_causal": True, "kwargs": {}, **changes}
     return ProbeCall(**fields)
 
@@ -142,7 +143,8 @@ class _Config:
         ([_call(0), _call(1, is_causal=False)], "layer 1 attention is not causal"),
         ([_call(0), _call(1, mask_is_none=False)], "layer 1 builds its own attention mask"),
         ([_call(0, kwargs={"s_aux": object()}), _call(1)], "layer 0 uses attention sinks"),
-        ([_call(0), _call(1, head_dim=16)], "layers differ in attention shape"),
+        ([_call(0), _call(1, head_dim=16, value_head_dim=16)], "layers differ in attention shape"),
+        ([_call(0, value_head_dim=16), _call(1)], "layer 0: key and value head sizes differ"),
     ],
 )
 def test_probe_call_refusals(calls, message):

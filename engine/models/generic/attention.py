@@ -85,7 +85,8 @@ class ProbeCall:
     layer_idx: int | None
     num_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # of the keys
+    value_head_dim: int
     mask_is_none: bool
     is_causal: bool
     kwargs: dict[str, Any]
@@ -106,6 +107,7 @@ class Probe:
                 num_heads=query.shape[1],
                 num_kv_heads=key.shape[1],
                 head_dim=key.shape[3],
+                value_head_dim=value.shape[3],
                 mask_is_none=mask is None,
                 is_causal=bool(getattr(module, "is_causal", True)),
                 kwargs=kwargs,

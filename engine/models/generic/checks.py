@@ -74,6 +74,12 @@ def refuse_probe(config: Any, calls: list[ProbeCall], num_layers: int) -> None:
             f"each of 0..{num_layers - 1} once): state-space, hybrid or custom attention code",
         )
     for c in calls:
+        if c.value_head_dim != c.head_dim:  # e.g. multi-head latent attention
+            raise refuse(
+                config,
+                f"layer {c.layer_idx}: key and value head sizes differ ({c.head_dim}, "
+                f"{c.value_head_dim}); the KV cache holds one head size",
+            )
         if not c.is_causal:
             raise refuse(config, f"layer {c.layer_idx} attention is not causal")
         if not c.mask_is_none:
