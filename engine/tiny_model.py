@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+WINDOW_ARCHS = ("mistral", "qwen2", "qwen3")  # transformers' LlamaForCausalLM has no sliding window
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + BOS + "{{ m['role'] }}\n{{ m['content'] }}" + EOS + "\n{% endfor %}"
@@ -74,16 +75,20 @@ def _train_tokenizer(vocab_size: int):
     )
 
 
-def _config(arch: str, **kw: Any):
+def _config(arch: str, sliding_window: int | None, max_window_layers: int, **kw: Any):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
     if arch not in classes:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if sliding_window is not None and (arch not in WINDOW_ARCHS or sliding_window < 1):
+        raise ValueError(f"sliding_window must be >= 1 and needs arch in {', '.join(WINDOW_ARCHS)}")
     if arch == "mistral":
-        kw["sliding_window"] = None  # we attend over the full context
-    if arch == "qwen2":
-        kw["use_sliding_window"] = False
+        kw["sliding_window"] = sliding_window  # None: full context (MistralConfig's default is 4096)
+    if arch in ("qwen2", "qwen3"):
+        kw["use_sliding_window"] = sliding_window is not None
+        kw["sliding_window"] = sliding_window
+        kw["max_window_layers"] = max_window_layers
     return classes[arch](**kw)
 
 
@@ -105,12 +110,16 @@ def make_tiny_model(
     rope_theta: float = 10000.0,
     rope_scaling: dict[str, Any] | None = None,
     initializer_range: float = 0.2,
+    sliding_window: int | None = None,
+    max_window_layers: int = 0,
 ) -> Path:
     """Write a random `arch` checkpoint to `out_dir` and return the folder.
 
     qwen3 gets head_dim 32 by default (q width != hidden size, as in real Qwen3). `rope_scaling`, e.g.
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64}, is stored the transformers-5 way, as `rope_parameters`.
+    `sliding_window` N: mistral windows every layer; qwen2/qwen3 set `use_sliding_window` and window the
+    layers from index `max_window_layers` on (0: all), as their transformers configs do.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -122,6 +131,8 @@ def make_tiny_model(
         head_dim = 32 if arch == "qwen3" else hidden_size // num_heads
     config = _config(
         arch,
+        sliding_window,
+        max_window_layers,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,

@@ -208,11 +208,17 @@ def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
 @click.option(
     "--arch", type=click.Choice(["llama", "mistral", "qwen2", "qwen3"]), default="llama", show_default=True
 )
-def make_tiny_model_cmd(out_dir: str, arch: str) -> None:
+@click.option(
+    "--sliding-window",
+    type=click.IntRange(min=1),
+    default=None,
+    help="mistral/qwen2/qwen3: attend to the last N positions (every layer)",
+)
+def make_tiny_model_cmd(out_dir: str, arch: str, sliding_window: int | None) -> None:
     """Write a small random checkpoint with its tokenizer (no downloads)."""
     from engine.tiny_model import make_tiny_model
 
-    click.echo(str(make_tiny_model(out_dir, arch=arch)))
+    click.echo(str(make_tiny_model(out_dir, arch=arch, sliding_window=sliding_window)))
 
 
 def _size_option(ctx, param, value):
