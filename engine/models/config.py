@@ -89,6 +89,11 @@ class ModelArgs:
         )
 
 
+def family_of(cfg: dict[str, Any]) -> str:
+    """Our family name for a HF config; UnsupportedModelError for architectures the native path lacks."""
+    return _family(cfg)
+
+
 def layer_windows(cfg: dict[str, Any], family: str) -> tuple[int | None, ...]:
     """Each layer's sliding window, read the way transformers' own class for the family reads it:
     - llama: LlamaForCausalLM has no windows; a `sliding_window` key is ignored there, so here too.
