@@ -270,3 +270,31 @@ def test_bad_options_are_refused(kwargs, match):
         TorchAttentionBackend().forward(
             batch.query, key, value, batch.k_cache, batch.v_cache, _meta(batch), 0.125, **kwargs
         )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,window,softcap", [(BF16, 4096, None), (F16, 1000, 50.0), (BF16, 37, 30.0)])
+def test_real_sizes_cuda(dtype, window, softcap):
+    # Compiled kernels (loop bound loaded from memory) at Mistral / Gemma 2 sizes, mixed batch and split decode.
+    torch.manual_seed(0)
+    q_lens = [1] * 24 + [300, 1000, 37]
+    s_lens = [int(x) for x in torch.randint(1, 9000, (24,))] + [300, 6500, 1037]
+    batch = make_batch(q_lens, s_lens, 32, 8, 128, BLOCK, dtype)
+    args = batch.attention_args(128**-0.5)
+    expected = paged_attention_ref(*args, window=window, softcap=softcap)
+    assert_close(paged_attention(*args, window=window, softcap=softcap), expected)
+    decode = make_batch([1, 1], [8000, 5000], 32, 8, 128, BLOCK, dtype, seed=1)
+    out = paged_decode_split(
+        decode.query,
+        decode.k_cache,
+        decode.v_cache,
+        decode.block_tables,
+        decode.seq_lens,
+        8000,
+        128**-0.5,
+        4,
+        window=window,
+        softcap=softcap,
+    )
+    assert_close(out, paged_attention_ref(*decode.attention_args(128**-0.5), window=window, softcap=softcap))
