@@ -16,6 +16,8 @@ import torch
 from engine.models.registry import TINY_ARCHS
 
 ARCHS = TINY_ARCHS  # every architecture the engine runs has a tiny model
+# Families whose transformers config has a sliding window (transformers' LlamaForCausalLM has none).
+WINDOW_ARCHS = ("mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "phi3")
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + BOS + "{{ m['role'] }}\n{{ m['content'] }}" + EOS + "\n{% endfor %}"
@@ -104,14 +106,14 @@ CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
 _ROPE_KEYS = ("partial_rotary_factor",)
 
 
-def _config(arch: str, rope: dict[str, Any], overrides: dict[str, Any], **kw: Any):
+def _config(arch: str, rope: dict[str, Any], windows: dict[str, Any], overrides: dict[str, Any], **kw: Any):
     import transformers
 
     # A family in the registry but missing here fails loudly.
     if arch not in ARCHS or arch not in CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     class_name, architecture, fixed = CONFIGS[arch]
-    settings = {**fixed, **overrides}
+    settings = {**fixed, **windows, **overrides}
     rope = {**rope, **{k: settings.pop(k) for k in _ROPE_KEYS if k in settings}}
     if arch == "gpt_neox":  # multi-head KV, its head size from hidden / heads, LayerNorm
         for key in ("num_key_value_heads", "head_dim", "rms_norm_eps"):
@@ -121,6 +123,21 @@ def _config(arch: str, rope: dict[str, Any], overrides: dict[str, Any], **kw: An
     config = getattr(transformers, class_name)(**kw, **settings)
     config.architectures = [architecture]
     return config
+
+
+def _windows(arch: str, sliding_window: int | None, max_window_layers: int) -> dict[str, Any]:
+    """Config fields for a window of `sliding_window` tokens (None: the family's default)."""
+    if sliding_window is None:
+        return {}
+    if arch not in WINDOW_ARCHS or sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 and needs arch in {', '.join(WINDOW_ARCHS)}")
+    if arch in ("qwen2", "qwen3"):
+        return {
+            "use_sliding_window": True,
+            "sliding_window": sliding_window,
+            "max_window_layers": max_window_layers,
+        }
+    return {"sliding_window": sliding_window}  # the layers it applies to: the family's layer_types
 
 
 def make_tiny_model(
@@ -141,6 +158,8 @@ def make_tiny_model(
     rope_theta: float = 10000.0,
     rope_scaling: dict[str, Any] | None = None,
     initializer_range: float = 0.2,
+    sliding_window: int | None = None,
+    max_window_layers: int = 0,
     config_overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a random `arch` checkpoint to `out_dir` and return the folder.
@@ -148,7 +167,10 @@ def make_tiny_model(
     qwen3 gets head_dim 32 by default (q width != hidden size, as in real Qwen3). `rope_scaling`, e.g.
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64}, is stored the transformers-5 way, as `rope_parameters`.
-    `config_overrides` sets any other config field (e.g. {"sliding_window": 8, "partial_rotary_factor": 0.5}).
+    `sliding_window` N: mistral windows every layer; qwen2/qwen3 set `use_sliding_window` and window the
+    layers from index `max_window_layers` on (0: all), as their transformers configs do; the other families
+    window the layers their `layer_types` mark sliding. `config_overrides` sets any other config field (e.g.
+    {"layer_types": [...], "partial_rotary_factor": 0.5}).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -161,6 +183,7 @@ def make_tiny_model(
     config = _config(
         arch,
         {"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})},
+        _windows(arch, sliding_window, max_window_layers),
         dict(config_overrides or {}),
         vocab_size=vocab_size,
         hidden_size=hidden_size,

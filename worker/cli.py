@@ -168,11 +168,17 @@ def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], show_default=True)
-def make_tiny_model_cmd(out_dir: str, arch: str) -> None:
+@click.option(
+    "--sliding-window",
+    type=click.IntRange(min=1),
+    default=None,
+    help="attend to the last N positions (mistral, qwen2, qwen3: every layer; gemma2/3: their sliding layers)",
+)
+def make_tiny_model_cmd(out_dir: str, arch: str, sliding_window: int | None) -> None:
     """Write a small random checkpoint with its tokenizer (no downloads)."""
     from engine.tiny_model import make_tiny_model
 
-    click.echo(str(make_tiny_model(out_dir, arch=arch)))
+    click.echo(str(make_tiny_model(out_dir, arch=arch, sliding_window=sliding_window)))
 
 
 def _size_option(ctx, param, value):
