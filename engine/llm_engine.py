@@ -11,14 +11,14 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.detokenizer import TextStream
+from engine.detokenizer import Decoder, TextStream
 from engine.device import resolve_device
 from engine.errors import RejectReason, RequestRejected
 from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
@@ -54,6 +54,8 @@ class LLMEngine:
             model_impl=config.model_impl,
         )
         self.tokenizer = load_tokenizer(config.model)
+        # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.
+        self._decoder = cast(Decoder, self.tokenizer)
         self.max_model_len = self._resolve_max_model_len()
         # Longest prompt accepted: the option, and always room for one generated token.
         self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
@@ -152,7 +154,7 @@ class LLMEngine:
         self._groups[request_id] = [r.request_id for r in requests]
         for request in requests:
             self._streams[request.request_id] = TextStream(
-                self.tokenizer, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
+                self._decoder, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
             )
             self._next_index[request.request_id] = request.num_output_tokens
         for request in requests:
@@ -267,9 +269,11 @@ class LLMEngine:
         results: dict[str, RequestOutput] = {}
         for request_id, prompt, p in zip(ids, prompts, params, strict=True):
             self.add_request(request_id, prompt, p)
+            first = self.scheduler.get_request(self._groups[request_id][0])
+            assert first is not None  # just added
             results[request_id] = RequestOutput(
                 request_id=request_id,
-                prompt_token_ids=self.scheduler.get_request(self._groups[request_id][0]).prompt_token_ids,
+                prompt_token_ids=first.prompt_token_ids,
                 outputs=[CompletionOutput(index=k) for k in range(p.n)],
             )
         while self.has_unfinished_requests():

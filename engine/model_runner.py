@@ -15,22 +15,24 @@ from typing import Any
 
 import torch
 
+from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
+from engine.models.llama import LlamaForCausalLM
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: Any,
+        model: LlamaForCausalLM,
         spec: ModelSpec,
         kv_pool: torch.Tensor | int,
         block_size: int = 16,
         device: str | torch.device = "cpu",
-        backend: Any = None,
+        backend: AttentionBackend | None = None,
         sampler: Any = None,
     ) -> None:
         """kv_pool: the pool tensor from `engine.kv_cache.allocate_kv_pool`, or a block count to allocate.

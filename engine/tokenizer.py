@@ -37,9 +37,11 @@ def render_chat(
 ) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    return tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt
     )
+    assert isinstance(text, str)  # tokenize=False with one conversation renders one string
+    return text
 
 
 def encode_chat(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 
@@ -16,7 +17,8 @@ from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 
 def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
     keys = keys or Keys()
-    return client.xadd(keys.requests, {JOB_FIELD: json.dumps(job)})
+    entry_id: bytes = client.xadd(keys.requests, {JOB_FIELD: json.dumps(job)})  # type: ignore[assignment]
+    return entry_id
 
 
 def events(
@@ -29,7 +31,8 @@ def events(
     key, last = keys.out(job_id), b"0"
     deadline = time.monotonic() + timeout_s
     while True:
-        reply = client.xread({key: last}, block=block_ms, count=1000)
+        # Any: redis-py types replies for both decode modes; this client's are bytes (worker.connection).
+        reply: Any = client.xread({key: last}, block=block_ms, count=1000)
         if not reply:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no terminal event for {job_id} within {timeout_s}s")

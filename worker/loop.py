@@ -18,6 +18,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
 
 import redis
 import structlog
@@ -240,11 +242,12 @@ class Worker:
         return results
 
     def _read_own_pending(self) -> list[Arrived]:
-        cfg, found, start = self.cfg, [], b"0"
+        cfg, found, start = self.cfg, list[Arrived](), b"0"
         while True:
-            reply = with_retry(
-                lambda s=start: self.client.xreadgroup(
-                    cfg.group, cfg.consumer, {cfg.keys.requests: s}, count=500
+            # Any: redis-py types replies for both decode modes; this client's are bytes (worker.connection).
+            reply: Any = with_retry(
+                partial(
+                    self.client.xreadgroup, cfg.group, cfg.consumer, {cfg.keys.requests: start}, count=500
                 ),
                 "reading own pending entries",
                 self.stop.cold.is_set,

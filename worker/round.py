@@ -23,7 +23,7 @@ from redis.commands.core import CoreCommands
 try:  # hiredis packs a command in C; redis-py's own packer is the fallback
     from hiredis import pack_command
 except ImportError:  # pragma: no cover
-    pack_command = None
+    pack_command = None  # type: ignore[assignment]
 
 Handler = Callable[[Any], None]
 _MULTI, _EXEC = ("MULTI",), ("EXEC",)
@@ -49,14 +49,16 @@ class Round:
     def __init__(self) -> None:
         self.stack: list[tuple[tuple, dict]] = []
         self.handlers: list[Handler | None] = []
-        self._recorder = Recorder(self.stack)
+        # CoreCommands declares a client's event dispatcher abstract; a Recorder never dispatches events.
+        self._recorder = Recorder(self.stack)  # type: ignore[abstract]
         self.retried = False  # an earlier try may have been applied (see publish.py)
         # time.perf_counter() when the newest token events in this round were sampled, and when Redis's
         # EXEC reply was read (written and readable by then): the publish latency.
         self.sampled_at: float | None = None
         self.answered_at: float | None = None
 
-    def add(self, command: Callable[[Recorder], Any], on_result: Handler | None = None) -> None:
+    # `command` gets a Recorder typed Any: redis-py 8 types its command methods for a connected client only.
+    def add(self, command: Callable[[Any], Any], on_result: Handler | None = None) -> None:
         command(self._recorder)
         self.handlers.append(on_result)
 
@@ -89,7 +91,7 @@ class Round:
         client, connection = sent.client, sent.connection
         try:
             connection.read_response()  # +OK for MULTI
-            queued = []
+            queued: list[redis.ResponseError | None] = []
             for _ in self.stack:
                 try:
                     connection.read_response()  # +QUEUED

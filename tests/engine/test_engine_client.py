@@ -11,7 +11,7 @@ import pytest
 
 from engine.client import EngineClient
 from engine.llm_engine import LLMEngine
-from tests.worker.worker_fakes import FakeEngine
+from tests.helpers.worker_fakes import FakeEngine
 
 MEMBERS = [n for n, v in vars(EngineClient).items() if inspect.isfunction(v) and not n.startswith("_")]
 WORKER = Path(__file__).resolve().parents[2] / "worker"

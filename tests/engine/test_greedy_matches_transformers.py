@@ -11,9 +11,10 @@ import json
 
 import pytest
 import torch
-from hf_reference import hf_greedy, hf_model
 
 from engine import LLMEngine, SamplingParams
+from engine.models.registry import FAMILIES
+from tests.helpers.hf_reference import hf_greedy, hf_model
 
 # case name -> (arch, make_tiny_model overrides)
 CASES = {
@@ -25,6 +26,12 @@ CASES = {
     "qwen2-window16-layer1": ("qwen2", {"sliding_window": 16, "max_window_layers": 1}),
 }
 WINDOWED = [name for name, (_, kw) in CASES.items() if "sliding_window" in kw]
+
+
+def test_every_registered_family_has_a_case():
+    assert {arch for arch, _ in CASES.values()} == set(FAMILIES)
+
+
 # Prompts of different lengths (in tokens), some longer than a block, one sharing a prefix with another.
 PROMPT_LENGTHS = [3, 17, 40, 9, 33]
 MAX_TOKENS = 24

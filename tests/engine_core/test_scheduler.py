@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from engine_core_utils import EOS, TOKEN, make_request, make_requests, make_scheduler, run_step, work
 
 from engine.core.finish_rules import check_stop
 from engine.core.request import RequestStatus
 from engine.core.scheduler_output import RunnerOutput
 from engine.errors import RejectReason, RequestRejected
+from tests.helpers.engine_core_utils import (
+    EOS,
+    TOKEN,
+    make_request,
+    make_requests,
+    make_scheduler,
+    run_step,
+    work,
+)
 
 
 def add_all(sched, requests):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_reference import greedy_agrees, hf_greedy, hf_model
 
 from engine import LLMEngine, SamplingParams
 from engine.model_loader import load_model
 from engine.models.generic.attention import Probe, attention_scope, conveyor_attention
+from tests.helpers.hf_reference import greedy_agrees, hf_greedy, hf_model
 
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "vocab_size": 320}
 

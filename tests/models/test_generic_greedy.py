@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_reference import greedy_agrees, hf_greedy, hf_model
 
 from engine import LLMEngine, SamplingParams
+from tests.helpers.hf_reference import greedy_agrees, hf_greedy, hf_model
 
 WINDOW = 8
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "vocab_size": 320}

@@ -13,7 +13,8 @@ import random
 import time
 
 import pytest
-from rel_helpers import (
+
+from tests.helpers.rel_helpers import (
     GROUP,
     K,
     assert_exactly_once,
@@ -23,7 +24,6 @@ from rel_helpers import (
     wait_for,
     wait_terminal,
 )
-
 from worker.keys import JOB_FIELD
 
 pytestmark = [pytest.mark.redis]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rel_helpers import (
+
+from tests.helpers.rel_helpers import (
     GROUP,
     K,
     Workers,
@@ -16,7 +17,6 @@ from rel_helpers import (
     wait_for,
     wait_terminal,
 )
-
 from worker.keys import JOB_FIELD
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]

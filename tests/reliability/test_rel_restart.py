@@ -12,7 +12,8 @@ import signal
 import time
 
 import pytest
-from rel_helpers import (
+
+from tests.helpers.rel_helpers import (
     GROUP,
     K,
     assert_exactly_once,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rel_helpers import (
+
+from tests.helpers.rel_helpers import (
     GROUP,
     K,
     assert_exactly_once,

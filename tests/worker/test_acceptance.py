@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from worker_fakes import real_engine, running_worker
 
+from tests.helpers.worker_fakes import real_engine, running_worker
 from worker.client import collect, enqueue
 from worker.keys import Keys
 

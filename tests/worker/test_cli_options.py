@@ -81,3 +81,11 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     assert cfg.drain_timeout_s == 2.5 and cfg.block_ms == 50 and cfg.dead_maxlen == 123
     assert cfg.limits == Limits(max_tokens=9) and cfg.group == "g"
     assert cfg.consumer  # left unset: the default factory (<host>-<pid>) ran
+
+
+@pytest.mark.parametrize("command", ["make-tiny-model", "demo"])
+def test_arch_choices_are_the_registrys(command):
+    from engine.models.registry import FAMILIES
+
+    (arch,) = [p for p in main.commands[command].params if p.name == "arch"]
+    assert list(arch.type.choices) == list(FAMILIES)

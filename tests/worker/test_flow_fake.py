@@ -6,8 +6,8 @@ import json
 import time
 
 import pytest
-from worker_fakes import FakeEngine, running_worker
 
+from tests.helpers.worker_fakes import FakeEngine, running_worker
 from worker.client import collect, enqueue
 from worker.keys import Keys
 from worker.protocol import parse_event

@@ -7,8 +7,8 @@ import signal
 import time
 
 import pytest
-from worker_fakes import log_lines, real_engine, spawn_worker
 
+from tests.helpers.worker_fakes import log_lines, real_engine, spawn_worker
 from worker.client import collect, enqueue
 from worker.keys import Keys
 

@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 import structlog
-from worker_fakes import FakeEngine, running_worker
 
+from tests.helpers.worker_fakes import FakeEngine, running_worker
 from worker import local_redis
 from worker.client import collect, enqueue
 from worker.connection import connect

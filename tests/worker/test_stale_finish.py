@@ -10,8 +10,8 @@ import json
 import time
 
 import pytest
-from worker_fakes import FakeEngine
 
+from tests.helpers.worker_fakes import FakeEngine
 from worker.client import enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect

@@ -12,8 +12,9 @@ import zlib
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from engine import Chat, Prompt, RejectReason, RequestRejected, SamplingParams
+from engine import Chat, EngineClient, Prompt, RejectReason, RequestRejected, SamplingParams
 from engine.outputs import EngineStats, StepDelta
 from worker.config import WorkerConfig
 from worker.connection import connect
@@ -161,6 +162,10 @@ class FakeEngine:
             "x", sample, self.tokenizer.encode(prompt), SamplingParams(max_tokens=max_tokens, seed=seed)
         )
         return self.tokenizer.decode([self.token(s, j) for j in range(max_tokens)])
+
+
+if TYPE_CHECKING:  # mypy (.ci/run) checks that the fake is an EngineClient, signatures included
+    _: EngineClient = FakeEngine()
 
 
 @contextmanager
