@@ -67,6 +67,11 @@ class EngineConfig:
     attention_backend: Literal["auto", "torch", "triton"] = knob(
         "auto", "auto: Triton kernels on CUDA, torch elsewhere"
     )
+    model_impl: Literal["auto", "native", "transformers"] = knob(
+        "auto",
+        "native: Conveyor's own Llama-family code; transformers: the model's own transformers modules on "
+        "Conveyor's paged attention (any decoder-only LM); auto: native for the Llama family, else transformers",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -47,7 +47,11 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
         self.model, self.spec = load_model(
-            config.model, dtype=config.dtype, device=self.device, attention_backend=self.attention_backend
+            config.model,
+            dtype=config.dtype,
+            device=self.device,
+            attention_backend=self.attention_backend,
+            model_impl=config.model_impl,
         )
         self.tokenizer = load_tokenizer(config.model)
         # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.

@@ -1,5 +1,6 @@
 """Back-of-the-envelope capacity plan from config.json alone: weights, KV per token, blocks, concurrency.
-It parses config.json with the engine's ModelArgs and sizes KV with engine/kv_cache.py's formula.
+It parses config.json with the engine's ModelArgs (the Llama family) or transformers (every other family,
+engine/models/generic/shape.py) and sizes KV with engine/kv_cache.py's formula.
 
     KV bytes per token = num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
     blocks             = (memory - weights - activation reserve) // (block_size * KV bytes per token)
@@ -8,6 +9,9 @@ It parses config.json with the engine's ModelArgs and sizes KV with engine/kv_ca
 The activation reserve is an estimate of one step's transient tensors: for every batched token the
 hidden state, residual, qkv and the gate/up output (`tokens * (2*hidden + qkv_width + 2*intermediate)`
 elements in the model dtype), plus float32 logits for every sampled row (`max_num_seqs * vocab * 4`).
+
+Sliding-window layers are listed but save nothing here: the engine keeps every block of a sequence until
+it finishes (no block is freed when it slides out of the windows), so KV per token counts every layer.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.models.config import ModelArgs
+from engine.models.registry import is_native
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -40,6 +45,8 @@ class Plan:
     # seq_len -> how many sequences of that length fit in the KV pool at once
     concurrency: dict[int, int]
     max_num_seqs: int = 64
+    # Per layer: its sliding window, or None (full attention). Informational: KV bytes do not shrink.
+    layer_windows: tuple[int | None, ...] = ()
 
     @property
     def kv_tokens(self) -> int:
@@ -57,6 +64,20 @@ def count_params(args: ModelArgs) -> int:
     return vocab * h + args.num_layers * layer + h + head
 
 
+def config_layer_windows(cfg: dict) -> tuple[int | None, ...]:
+    """The engine's per-layer windows for a native family; otherwise the generic reading (`layer_types`
+    marks the windowed layers, else `sliding_window` applies to all, unless `use_sliding_window` is false)."""
+    from engine.models.config import UnsupportedModelError, family_of, layer_windows
+
+    try:
+        return layer_windows(cfg, family_of(cfg))
+    except UnsupportedModelError:
+        pass
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    types = cfg.get("layer_types") or ["sliding_attention"] * cfg["num_hidden_layers"]
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
 def plan(
     config_path_or_dir: str | Path,
     memory_bytes: int,
@@ -69,12 +90,19 @@ def plan(
     max_num_seqs: int = 64,
 ) -> Plan:
     path = Path(config_path_or_dir)
-    # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
-    args = ModelArgs.from_hf(json.loads((path / "config.json" if path.is_dir() else path).read_text()))
+    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
-    params = count_params(args)
+    if is_native(cfg):
+        # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
+        args = ModelArgs.from_hf(cfg)
+        params = count_params(args)
+    else:  # the generic path: transformers reads the config, parameters counted on a meta-device model
+        from engine.models.generic.shape import generic_shape
+
+        args = generic_shape(cfg)
+        params = args.num_params
     weights = params * item
     per_token = kv_bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, item)
     per_block = per_token * block_size
@@ -104,6 +132,7 @@ def plan(
         dtype=dtype,
         concurrency=concurrency,
         max_num_seqs=max_num_seqs,
+        layer_windows=config_layer_windows(cfg),
     )
 
 
@@ -132,6 +161,13 @@ def format_plan(p: Plan) -> str:
         f"KV pool             {_size(p.kv_budget_bytes)} -> {p.num_blocks} blocks = {p.kv_tokens} tokens",
         f"max_model_len       {p.max_model_len}",
     ]
+    windowed = sorted({w for w in p.layer_windows if w is not None})
+    if windowed:
+        count = sum(w is not None for w in p.layer_windows)
+        lines.append(
+            f"sliding windows     {count} of {len(p.layer_windows)} layers ({', '.join(map(str, windowed))} tokens);"
+            " KV above counts them in full: blocks are not freed as they slide out"
+        )
     if p.num_blocks == 0:
         lines.append("WARNING: the weights and reserve leave no room for the KV cache")
     for n, k in p.concurrency.items():

@@ -13,7 +13,7 @@ import click
 import redis
 
 from engine.config import EngineConfig, literal_choices
-from engine.models.registry import FAMILIES
+from engine.models.registry import TINY_ARCHS
 from worker.cli_options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.config import WorkerConfig
 from worker.keys import Keys
@@ -182,7 +182,7 @@ def submit(prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, **
 )
 @opt("--jobs", type=int, default=4)
 @opt("--max-tokens", type=int, default=48)
-@opt("--arch", type=click.Choice(FAMILIES), default=FAMILIES[0])
+@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
 def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
     """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side."""
     from worker.demo import run_demo
@@ -192,12 +192,18 @@ def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
 
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--arch", type=click.Choice(FAMILIES), default=FAMILIES[0], show_default=True)
-def make_tiny_model_cmd(out_dir: str, arch: str) -> None:
+@click.option("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], show_default=True)
+@click.option(
+    "--sliding-window",
+    type=click.IntRange(min=1),
+    default=None,
+    help="attend to the last N positions (mistral, qwen2, qwen3: every layer; gemma2/3: their sliding layers)",
+)
+def make_tiny_model_cmd(out_dir: str, arch: str, sliding_window: int | None) -> None:
     """Write a small random checkpoint with its tokenizer (no downloads)."""
     from engine.tiny_model import make_tiny_model
 
-    click.echo(str(make_tiny_model(out_dir, arch=arch)))
+    click.echo(str(make_tiny_model(out_dir, arch=arch, sliding_window=sliding_window)))
 
 
 def _size_option(ctx, param, value):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.models.registry import FAMILIES
+from engine.models.registry import TINY_ARCHS
 
-ARCHS = FAMILIES
+ARCHS = TINY_ARCHS
 
 
 def cache_dir() -> Path:

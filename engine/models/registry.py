@@ -22,6 +22,12 @@ ARCHITECTURES = {
 }
 # Our family names, which are also the HF `model_type` of each.
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(ARCHITECTURES.values()))
+# Families that `model_impl="auto"` runs on the generic path (engine/models/generic/: their own transformers
+# modules on our paged attention), each with a tiny model. The generic path takes any decoder-only LM; these are
+# the ones tested token for token.
+GENERIC_FAMILIES: tuple[str, ...] = ("gemma2", "gemma3", "phi3", "olmo2", "mixtral", "qwen3_moe", "gpt_neox")
+# What `make-tiny-model --arch`, `demo --arch` and `tiny:<arch>` accept.
+TINY_ARCHS: tuple[str, ...] = FAMILIES + GENERIC_FAMILIES
 
 
 class UnsupportedModelError(ValueError):
@@ -30,6 +36,15 @@ class UnsupportedModelError(ValueError):
 
 def supported_names() -> str:
     return ", ".join(sorted(ARCHITECTURES)) + " (model_type " + ", ".join(sorted(FAMILIES)) + ")"
+
+
+def is_native(cfg: dict[str, Any]) -> bool:
+    """Whether `model_impl="auto"` runs this config.json on our own model code (else on transformers' code)."""
+    try:
+        family_of(cfg)
+    except UnsupportedModelError:
+        return False
+    return True
 
 
 def family_of(cfg: dict[str, Any]) -> str:

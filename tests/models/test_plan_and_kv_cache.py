@@ -106,6 +106,8 @@ def test_plan_kv_bytes_per_token_equal_what_the_engine_allocates(tiny_model_dir,
 
 
 def test_plan_refuses_an_architecture_the_engine_does_not_run(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({**LLAMA3_8B, "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ValueError, match="unsupported model.*LlamaForCausalLM"):
+    # Architectures outside the Llama family go to the generic path, which refuses state-space models.
+    mamba = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(mamba))
+    with pytest.raises(ValueError, match="MambaForCausalLM: state-space or hybrid layers"):
         plan(tmp_path, 80 * 2**30)
