@@ -37,7 +37,7 @@ class GrammarCompilerService:
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(eos_token_ids)
         )
         self.vocab_size = vocab_size
-        self._process = CompileProcess(self.tokenizer_info.serialize_json(), timeout_s)
+        self.process = CompileProcess(self.tokenizer_info.serialize_json(), timeout_s)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="conveyor-grammar")
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()
         self._cache_size = cache_size
@@ -64,10 +64,10 @@ class GrammarCompilerService:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._process.close()
+        self.process.close()
 
     def _compile(self, spec: GrammarSpec) -> Any:
-        payload = self._process.compile(spec)
+        payload = self.process.compile(spec)
         try:
             return self._xgr.CompiledGrammar.deserialize_json(payload, self.tokenizer_info)
         except Exception as exc:

@@ -1,0 +1,18 @@
+"""An engine on the tiny random model, shared by a module (each engine starts one grammar compile process)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("xgrammar")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    from engine import LLMEngine
+
+    engine = LLMEngine(
+        str(tiny_model_dir("llama")), num_kv_blocks=256, block_size=16, dtype="float32", device="cpu"
+    )
+    yield engine
+    engine.structured.close()
