@@ -154,6 +154,11 @@ class Admitter:
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(map(str, first["loc"])) or "params"
             raise JobError(ErrorCode.INVALID_PARAMS, f"{where}: {first['msg']}", job.id) from None
+        if params.grammar_spec is not None:
+            try:  # the grammar engine parses the schema/regex/grammar; its compile runs later, off the loop
+                self.engine.check_structured(params)
+            except ValueError as exc:
+                raise JobError(ErrorCode.INVALID_PARAMS, str(exc), job.id) from None
         prompt = self._prompt(job)
         try:
             self.engine.add_request(

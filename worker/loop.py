@@ -26,7 +26,7 @@ from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff, with_retry
-from worker.events import done_event, token_event
+from worker.events import done_event, error_event, token_event
 from worker.lease import add_release, add_renewal
 from worker.metrics import Metrics
 from worker.publish import Batch, Publisher
@@ -325,6 +325,7 @@ class Worker:
                     delta.num_output_tokens,
                 )
                 job.prompt_tokens = max(job.prompt_tokens, delta.num_prompt_tokens)
+                job.error = job.error or getattr(delta, "error", None)
             if job.dropped:
                 if len(job.finished) == job.n:
                     self.inflight.pop(job.job_id, None)
@@ -343,7 +344,8 @@ class Worker:
         batch = Batch(self.cfg)
         for job in done:
             # The ack rides in the same script call, only if the terminal event was written (publish.py).
-            batch.add(job, [*by_job.pop(job.job_id, ()), done_event(job, now_ms)], terminal=True)
+            last = error_event("invalid_params", job.error) if job.error else done_event(job, now_ms)
+            batch.add(job, [*by_job.pop(job.job_id, ()), last], terminal=True)
         for job_id, payloads in by_job.items():
             batch.add(self.inflight[job_id], payloads)
         for job in done:
