@@ -33,7 +33,9 @@ def redis_server():
 def r(redis_server):
     import redis
 
-    client = redis.Redis.from_url(redis_server.url)
+    # redis-py 8 times sockets out after 5 s by default, as long as worker.client's XREAD blocks; the first
+    # constrained job waits for the grammar compile process to start, which can take that long.
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=60)
     client.flushall()
     yield client
     client.close()
