@@ -20,9 +20,10 @@ def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
 
 
 def events(
-    client: redis.Redis, job_id: str, keys: Keys | None = None, block_ms: int = 5000, timeout_s: float = 300
+    client: redis.Redis, job_id: str, keys: Keys | None = None, block_ms: int = 1000, timeout_s: float = 300
 ) -> Iterator[dict]:
     """Yield the job's events in order, ending after the terminal one. Raises TimeoutError when idle too long."""
+    # block_ms stays under redis-py 8's default 5 s socket timeout, else an idle wait raises redis's TimeoutError.
     import time
 
     keys = keys or Keys()
