@@ -20,6 +20,8 @@ class RejectReason(str, enum.Enum):
     TOO_LONG_FOR_MODEL = "too_long_for_model"
     # prompt + max_tokens needs more KV blocks than the whole pool holds.
     TOO_LONG_FOR_KV_CACHE = "too_long_for_kv_cache"
+    # response_format / structured_outputs the grammar engine refuses (invalid, unsupported, too slow).
+    INVALID_CONSTRAINT = "invalid_constraint"
 
 
 class RequestRejected(ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, cast
 
 from engine.attention import get_attention_backend
@@ -28,6 +28,8 @@ from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDel
 from engine.prompt import Chat, Prompt
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
+from engine.structured.batch_mask import GrammarMaskingSampler
+from engine.structured.manager import StructuredOutputManager
 from engine.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
@@ -64,6 +66,8 @@ class LLMEngine:
         )
         self.eos_token_ids = eos_token_ids(self.tokenizer, self.spec.eos_token_ids)
         kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
+        # Constrained decoding: masks as wide as the LM head (spec.vocab_size), not the tokenizer.
+        self.structured = StructuredOutputManager(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(
             self.model,
             self.spec,
@@ -71,7 +75,9 @@ class LLMEngine:
             config.block_size,
             self.device,
             self.attention_backend,
-            Sampler(self.spec.vocab_size, self.eos_token_ids),
+            GrammarMaskingSampler(
+                Sampler(self.spec.vocab_size, self.eos_token_ids), self.structured.rows, self.spec.vocab_size
+            ),
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -119,6 +125,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self._groups:
             raise RequestRejected(RejectReason.DUPLICATE_ID, f"request id {request_id!r} is already in use")
+        self.check_structured(params)
         prompt_ids = self._encode(prompt)
         if len(prompt_ids) > self.max_prompt_tokens:
             raise RequestRejected(
@@ -163,8 +170,14 @@ class LLMEngine:
             if reason is not None:
                 self._pending.append(self._finish_delta(request, reason, stream.finish(), []))
                 continue
+            self.structured.admit(request)
             self.scheduler.add_request(request)
         return len(prompt_ids)
+
+    def check_structured(self, params: SamplingParams) -> None:
+        """Raise GrammarError (a RequestRejected) with the grammar engine's message if the request's
+        response_format / structured_outputs is invalid. Fast: parses, does not compile token masks."""
+        self.structured.check(params)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; its samples end with finish_reason "abort"."""
@@ -188,12 +201,31 @@ class LLMEngine:
     def step(self) -> list[StepDelta]:
         """Run one iteration: every running sequence advances by one token (or one prefill chunk)."""
         deltas, self._pending = self._pending, []
+        deltas += self._fail_structured(self.structured.poll(self.scheduler))
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
+            if self.structured.has_compiling():
+                self.structured.wait(0.005)  # only grammars to wait for: do not spin
             return deltas
         runner_out = self.runner.execute(sched_out, self.scheduler.requests)
-        for request in self.scheduler.update_from_output(sched_out, runner_out):
+        updated = self.scheduler.update_from_output(sched_out, runner_out)
+        rejected = self.structured.accept(updated)
+        for request in updated:
             deltas.append(self._delta_for(request, runner_out.logprobs.get(request.request_id)))
+        return deltas + self._fail_structured(rejected)
+
+    def _fail_structured(self, failures: list[tuple[Request, str]]) -> list[StepDelta]:
+        """End requests whose grammar failed to compile (or rejected a token): finish_reason "abort", with
+        the reason in `error`."""
+        deltas = []
+        for request, error in failures:
+            if request.request_id not in self._streams:
+                continue  # already finished by the step that sampled the token
+            if not request.is_finished:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ABORTED)
+            stream = self._streams[request.request_id]
+            delta = self._finish_delta(request, "abort", stream.finish(), [])
+            deltas.append(replace(delta, error=error))
         return deltas
 
     def _delta_for(self, request: Request, logprobs: list[tuple[int, float]] | None) -> StepDelta:

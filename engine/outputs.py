@@ -29,6 +29,8 @@ class StepDelta:
     # request included).
     text: str | None = None
     num_output_tokens: int = 0
+    # Set when the sample ended because of an error (e.g. its grammar failed to compile): the message.
+    error: str | None = None
 
 
 @dataclass

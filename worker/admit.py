@@ -168,7 +168,8 @@ class Admitter:
             where = ".".join(map(str, first["loc"])) or "params"
             raise JobError(ErrorCode.INVALID_PARAMS, f"{where}: {first['msg']}", job.id) from None
         try:
-            # The engine templates, tokenizes and checks the prompt's length; the worker never tokenizes.
+            # The engine templates, tokenizes and checks the prompt's length and any response_format /
+            # structured_outputs (parsed by the grammar engine: invalid_params); the worker never tokenizes.
             self.engine.add_request(
                 job.id, _prompt(job), params, priority=job.priority, prior_output_token_ids=prior
             )

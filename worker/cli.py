@@ -246,5 +246,27 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
     click.echo(format_plan(result))
 
 
+@main.command("batch")
+@click.option("-i", "--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False))
+@redis_options
+@opt("--errors-file", default=None, type=click.Path(dir_okay=False), help="also append failed lines here")
+@opt("--max-in-flight", type=int, default=256, help="jobs enqueued and not yet answered, at most")
+@opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
+def batch_cmd(input_path: str, output_path: str, errors_file, max_in_flight: int, progress, **kw) -> None:
+    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
+    from worker.batch.runner import BatchRunner
+    from worker.keys import Keys
+
+    keys = Keys(kw.pop("prefix"), kw.pop("stream"))
+    runner = BatchRunner(_client(kw), keys, max_in_flight=max_in_flight, progress=progress)
+    s = runner.run(input_path, output_path, errors_file)
+    click.echo(
+        f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
+        f"{s.completion_tokens} completion tokens",
+        err=True,
+    )
+
+
 if __name__ == "__main__":
     main()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import redis
 
 from worker.config import WorkerConfig
-from worker.events import done_event, token_event
+from worker.events import done_event, error_event, token_event
 from worker.keys import EVENT_FIELD
 from worker.observer import TokenTrace
 from worker.round import Round
@@ -146,6 +146,7 @@ def plan_events(
                 delta.finish_reason, delta.text or "", delta.num_output_tokens
             )
             job.prompt_tokens = max(job.prompt_tokens, delta.num_prompt_tokens)
+            job.error = job.error or delta.error
         if job.dropped:
             if len(job.finished) == job.n:
                 plan.forget.append(job.job_id)
@@ -161,7 +162,9 @@ def plan_events(
     plan.has_tokens = bool(by_job)
     for job in plan.done:
         # The ack rides in the same script call, only if the terminal event was written (see WRITE).
-        plan.batch.add(job, [*by_job.pop(job.job_id, ()), done_event(job, now_ms)], terminal=True)
+        # A sample whose grammar failed after admission ends the job with an error event, not done.
+        last = error_event("invalid_params", job.error) if job.error else done_event(job, now_ms)
+        plan.batch.add(job, [*by_job.pop(job.job_id, ()), last], terminal=True)
     for job_id, payloads in by_job.items():
         plan.batch.add(inflight[job_id], payloads)
     return plan

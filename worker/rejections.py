@@ -9,6 +9,7 @@ _CODES = {
     RejectReason.PROMPT_TOO_LONG: ErrorCode.PROMPT_TOO_LONG,
     RejectReason.BAD_MESSAGES: ErrorCode.INVALID_JOB,
     RejectReason.NO_CHAT_TEMPLATE: ErrorCode.INVALID_JOB,
+    RejectReason.INVALID_CONSTRAINT: ErrorCode.INVALID_PARAMS,
     # The rest (an empty prompt, too long with max_tokens, too big for the KV pool, token ids outside the
     # vocabulary, a duplicate id, a resume that does not match n) is the engine's own refusal.
 }

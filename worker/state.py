@@ -28,6 +28,7 @@ class InFlight:
     finished: dict[int, SampleEnd] = field(default_factory=dict)
     stop_reason: str | None = None  # "cancel" | "deadline" once aborted by the worker
     ttl_set_at: float | None = None  # time.monotonic() of the output stream's last EXPIRE
+    error: str | None = None  # a sample ended in an engine error (its grammar failed): error event, not done
     dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
 
     @property
