@@ -7,7 +7,6 @@ equal to and larger than the contexts, and on and off block boundaries (block si
 
 import pytest
 import torch
-from paged_batch import DEVICE, assert_close, make_batch
 
 import kernels.paged_attention as pa
 from engine.attention.metadata import AttentionMetadata
@@ -15,6 +14,7 @@ from engine.attention.torch_backend import TorchAttentionBackend
 from engine.attention.triton_backend import TritonAttentionBackend
 from kernels.paged_attention import paged_attention, paged_attention_ref
 from kernels.paged_decode_split import paged_decode_split
+from tests.helpers.paged_batch import DEVICE, assert_close, make_batch
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 BLOCK = 16

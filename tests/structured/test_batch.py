@@ -12,8 +12,8 @@ from collections import Counter
 import jsonschema
 import pytest
 from click.testing import CliRunner
-from tests.worker.worker_fakes import running_worker
 
+from tests.helpers.worker_fakes import running_worker
 from tests.structured.schemas import SCHEMAS
 from worker.batch.openai_input import LineError, parse_line
 from worker.batch.resume import read_answered

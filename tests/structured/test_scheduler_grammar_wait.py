@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from tests.engine_core.engine_core_utils import make_request, make_scheduler
-
 from engine.core.request import RequestStatus
+from tests.helpers.engine_core_utils import make_request, make_scheduler
 
 
 def _ids(out) -> list[str]:

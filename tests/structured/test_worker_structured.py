@@ -7,9 +7,9 @@ import re
 
 import jsonschema
 import pytest
-from tests.worker.worker_fakes import running_worker
 
 from engine import SamplingParams
+from tests.helpers.worker_fakes import running_worker
 from tests.structured.schemas import SCHEMAS
 from worker.client import collect, enqueue
 from worker.keys import EVENT_FIELD, Keys

@@ -12,6 +12,7 @@ EXPECTED = {
     RejectReason.PROMPT_TOO_LONG: ErrorCode.PROMPT_TOO_LONG,
     RejectReason.BAD_MESSAGES: ErrorCode.INVALID_JOB,
     RejectReason.NO_CHAT_TEMPLATE: ErrorCode.INVALID_JOB,
+    RejectReason.INVALID_CONSTRAINT: ErrorCode.INVALID_PARAMS,
 }
 
 
