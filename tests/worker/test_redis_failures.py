@@ -124,11 +124,14 @@ def test_a_second_worker_under_the_same_consumer_name_refuses_to_start(redis_ser
 
 def test_a_crashed_workers_name_is_taken_once_its_lease_lapses(redis_server, r):
     """kill -9 leaves the name's lease behind; a restart under that name waits for it instead of refusing."""
-    r.set("conveyor:consumer:test:w1", "a-dead-process", px=500)
+    key = "conveyor:consumer:test:w1"
+    r.set(key, "a-dead-process", px=60_000)
     with (
         structlog.testing.capture_logs() as logs,
         running_worker(FakeEngine(), redis_server.url, lease_ms=500),
     ):
+        waiting = "consumer name leased by another worker; waiting for its lease to lapse"
+        wait_until(lambda: any(e["event"] == waiting for e in logs), 10, "the worker to wait for the name")
+        r.pexpire(key, 100)  # the dead process's lease runs out
         enqueue(r, {"id": "j", "prompt": "x", "max_tokens": 3})
         assert collect(r, "j", timeout_s=10)[-1]["type"] == "done"
-    assert any(e["event"].startswith("consumer name leased by another worker") for e in logs)
