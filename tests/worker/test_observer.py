@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from worker_fakes import FakeEngine
 
+from tests.helpers.worker_fakes import FakeEngine
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
