@@ -21,13 +21,14 @@ from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
+from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: LlamaForCausalLM | TransformersCausalLM,
         spec: ModelSpec,
         kv_pool: torch.Tensor | int,
         block_size: int = 16,
