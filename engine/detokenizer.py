@@ -32,6 +32,23 @@ class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
+def _backend(tokenizer: Decoder) -> Decoder:
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer, whose decode skips the wrapper's
+    per-call Python work (~4x faster per call); its text equals the wrapper's when that does no clean-up."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend
+    return tokenizer
+
+
+def decode_many(tokenizer: Decoder, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """decode() of each id list; one call into the Rust tokenizer when it offers `decode_batch`."""
+    batch = getattr(tokenizer, "decode_batch", None)
+    if batch is not None:
+        return batch(seqs, skip_special_tokens=skip_special_tokens)
+    return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) if ids else "" for ids in seqs]
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -40,7 +57,7 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         prior_output_ids: Sequence[int] = (),
     ):
-        self.tokenizer = tokenizer
+        self.tokenizer = _backend(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
         if self._decode(context).endswith(_REPLACEMENT):
@@ -59,9 +76,21 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
+        prefix, window = self.windows(token_ids)
+        return self.settle(self._decode(prefix), self._decode(window))
+
+    def windows(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Append generated tokens; return the two id windows to decode: ids[prefix:read], ids[prefix:].
+        Decode them (possibly batched with other requests') and pass the texts to `settle`."""
         self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        for end in range(len(self._ids), self._read_offset, -1):
+        ids, p = self._ids, self._prefix_offset
+        return ids[p : self._read_offset], ids[p:]
+
+    def settle(self, prefix_text: str, window_text: str) -> str:
+        """The delta, given the decoded windows of the last `windows` call."""
+        if not window_text.endswith(_REPLACEMENT):
+            return self._emit(window_text[len(prefix_text) :], len(self._ids))
+        for end in range(len(self._ids) - 1, self._read_offset, -1):
             window = self._decode(self._ids[self._prefix_offset : end])
             if not window.endswith(_REPLACEMENT):
                 return self._emit(window[len(prefix_text) :], end)
@@ -111,7 +140,10 @@ class TextStream:
     def append(self, token_ids: Sequence[int]) -> tuple[str, bool]:
         if self.stopped:
             return "", True
-        delta, stopped = self._stops.feed(self._detokenizer.add(token_ids))
+        return self._feed(self._detokenizer.add(token_ids))
+
+    def _feed(self, text: str) -> tuple[str, bool]:
+        delta, stopped = self._stops.feed(text)
         self.text += delta
         return delta, stopped
 
@@ -123,3 +155,25 @@ class TextStream:
             delta += self._stops.flush()
         self.text += delta
         return delta
+
+
+def append_many(streams: Sequence[TextStream], token_ids: Sequence[Sequence[int]]) -> list[tuple[str, bool]]:
+    """`[s.append(ids) for s, ids in zip(streams, token_ids)]`, with the decodes of all streams that share a
+    tokenizer done in one `decode_batch` call (one step of 256 requests: 1 call instead of 512)."""
+    out: list[tuple[str, bool]] = [("", True)] * len(streams)
+    groups: dict[tuple[int, bool], list[int]] = {}
+    windows: list[tuple[list[int], list[int]]] = [([], [])] * len(streams)
+    for i, (stream, ids) in enumerate(zip(streams, token_ids, strict=True)):
+        if stream.stopped:
+            continue
+        detok = stream._detokenizer
+        windows[i] = detok.windows(ids)
+        groups.setdefault((id(detok.tokenizer), detok.skip_special_tokens), []).append(i)
+    for (_, skip), members in groups.items():
+        tokenizer = streams[members[0]]._detokenizer.tokenizer
+        seqs = [w for i in members for w in windows[i]]
+        texts = decode_many(tokenizer, seqs, skip)
+        for j, i in enumerate(members):
+            stream = streams[i]
+            out[i] = stream._feed(stream._detokenizer.settle(texts[2 * j], texts[2 * j + 1]))
+    return out
