@@ -49,6 +49,9 @@ class EngineConfig:
     scheduling: Literal["continuous", "static"] = "continuous"
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # Capture decode steps as CUDA graphs (one per batch-size bucket) and replay them. CUDA with the
+    # Triton backend only: the engine refuses it elsewhere rather than silently running without.
+    enable_cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -62,6 +65,12 @@ class EngineConfig:
         _check_choice(self, "scheduling", ("continuous", "static"))
         _check_choice(self, "scheduling_policy", ("fcfs", "priority"))
         _check_choice(self, "attention_backend", ("auto", "torch", "triton"))
+        if not isinstance(self.enable_cuda_graphs, bool):
+            raise ValueError(f"enable_cuda_graphs must be true or false, got {self.enable_cuda_graphs!r}")
+        if self.enable_cuda_graphs and self.attention_backend == "torch":
+            raise ValueError("enable_cuda_graphs needs the triton attention backend, not torch")
+        if self.enable_cuda_graphs and self.device != "auto" and not self.device.startswith("cuda"):
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device, got device={self.device!r}")
 
 
 def _check_at_least_one(config: object, *names: str) -> None:

@@ -59,6 +59,8 @@ class LLMEngine:
             self.spec, config.block_size, self.device, config.kv_cache_memory
         )
         self.eos_token_ids = frozenset(self.spec.eos_token_ids) | _tokenizer_eos(self.tokenizer)
+        if config.enable_cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
         self.runner = ModelRunner(
             self.model,
@@ -68,6 +70,10 @@ class LLMEngine:
             self.device,
             get_attention_backend(config.attention_backend, self.device),
             Sampler(self.spec.vocab_size, self.eos_token_ids),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_cuda_graphs=config.enable_cuda_graphs,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
