@@ -201,9 +201,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--label", default=time.strftime("%Y%m%d-%H%M%S"))
+    # One thread: on this shared 2-core machine torch's second OpenMP thread turned 0.06 ms element-wise
+    # ops on [256, 50] into ~16 ms waits; host work is one Python thread anyway.
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--scenarios", default="decode_greedy,decode_sampling,prefill_8k")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(
             Path(tmp) / "m", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=1,

@@ -86,7 +86,7 @@ class Sampler:
         if rep_rows:
             row, col = self._seen.index(requests, rep_rows, self.vocab_size)
             rows, cols = torch.from_numpy(row).to(dev), torch.from_numpy(col).to(dev)
-            x = logits[rows, cols]  # [N]: each distinct seen token of each penalised row
+            x = edits.get(rows, cols)  # [N]: each distinct seen token of each penalised row
             rep = torch.tensor(
                 [r.params.repetition_penalty for r in requests], dtype=torch.float32, device=dev
             )
@@ -125,19 +125,34 @@ class Sampler:
 
 
 class _SparseEdits:
-    """Writes into a [B, V] tensor at (row, col) pairs, remembering the old values to put them back."""
+    """Writes into a [B, V] tensor at (row, col) pairs, remembering the old values to put them back.
+
+    On a contiguous tensor through a flat view (index_select / index_copy_: ~1 ms for 256k entries where
+    2-D advanced indexing took ~15 ms on the CPU); otherwise by 2-D indexing."""
 
     def __init__(self, x: torch.Tensor) -> None:
         self.x = x
+        self._flat = x.view(-1) if x.is_contiguous() else None
         self._undo: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
+    def get(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        if self._flat is not None:
+            return self._flat.index_select(0, rows * self.x.shape[1] + cols)
+        return self.x[rows, cols]
+
     def put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
-        self._undo.append((rows, cols, self.x[rows, cols]))
-        self.x.index_put_((rows, cols), values.to(self.x.dtype))
+        self._undo.append((rows, cols, self.get(rows, cols)))
+        self._write(rows, cols, values.to(self.x.dtype))
+
+    def _write(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
+        if self._flat is not None:
+            self._flat.index_copy_(0, rows * self.x.shape[1] + cols, values)
+        else:
+            self.x.index_put_((rows, cols), values)
 
     def restore(self) -> None:
         for rows, cols, old in reversed(self._undo):
-            self.x.index_put_((rows, cols), old)
+            self._write(rows, cols, old)
         self._undo.clear()
 
 
