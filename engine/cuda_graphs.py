@@ -88,7 +88,7 @@ class CudaGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     out = self.model(ids, pos, self.kv_caches, meta)  # [b, hidden]
-                pool = graph.pool()
+                pool = graph.pool() if pool is None else pool
                 self.graphs[b] = (graph, out)
 
     def can_replay(self, meta: AttentionMetadata, input_ids: torch.Tensor) -> bool:

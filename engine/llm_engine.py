@@ -52,6 +52,8 @@ class LLMEngine:
     def __init__(self, model: str, **options: object) -> None:
         self.config = config = EngineConfig(model=model, **options)  # type: ignore[arg-type]
         self.device = resolve_device(config.device)
+        if config.enable_cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         self.model, self.spec = load_model(config.model, dtype=config.dtype, device=self.device)
         self.tokenizer = load_tokenizer(config.model)
         self.max_model_len = self._resolve_max_model_len()
@@ -59,8 +61,6 @@ class LLMEngine:
             self.spec, config.block_size, self.device, config.kv_cache_memory
         )
         self.eos_token_ids = frozenset(self.spec.eos_token_ids) | _tokenizer_eos(self.tokenizer)
-        if config.enable_cuda_graphs and self.device.type != "cuda":
-            raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
         self.runner = ModelRunner(
             self.model,
