@@ -38,13 +38,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import LLMEngine, SamplingParams, llm_engine  # noqa: E402
+from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.detokenizer import TextStream  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _APPEND = TextStream.append
-_APPEND_MANY = getattr(llm_engine, "append_many", None)
 VOCAB = 32000
 PARTS = ("schedule", "prepare", "forward", "sample", "update", "detokenize", "outputs")
 TARGETS_MS = {"decode_greedy": 2.0, "decode_sampling": 3.0, "prefill_8k": 5.0}
@@ -142,8 +141,6 @@ def build_engine(model_dir: Path, clock: Clock, max_num_seqs: int, num_kv_blocks
     engine.runner.prepare = clock.wrap("prepare", engine.runner.prepare)
     engine.runner.sampler = _TimedSampler(engine.runner.sampler, clock)
     TextStream.append = clock.wrap("detokenize", _APPEND)  # every stream of this engine
-    if hasattr(llm_engine, "append_many"):  # the batched path: the engine calls this, not append
-        llm_engine.append_many = clock.wrap("detokenize", _APPEND_MANY)
     return engine
 
 

@@ -15,6 +15,11 @@ several tokens arrive at once we walk back to the last token boundary that decod
 emitted depends only on the tokens seen, not on how they were grouped (a resumed request can replay its prior
 tokens in one call). For byte-level BPE tokenizers the deltas (plus `finish()`) concatenate to exactly
 `decode(output_ids)`. The window starts with up to 5 prompt tokens as context, unless they end mid-character.
+
+With a Rust tokenizer (`tokenizers.Tokenizer`, or the one behind a transformers fast tokenizer) the same
+algorithm runs inside `tokenizers.decoders.DecodeStream`, one token at a time: one call into Rust per token
+(~3 us) instead of two decodes plus the Python around them (~12 us); 256 requests per step is then ~1 ms.
+The offsets are mirrored here so `finish()` can release what DecodeStream still holds back.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
 from engine.core.stop_strings import StopStrings
 
 _REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT = 5
-_MIN_BATCH = 128
 
 
 class Decoder(Protocol):
@@ -40,15 +47,6 @@ def _backend(tokenizer: Decoder) -> Decoder:
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return backend
     return tokenizer
-
-
-def decode_many(tokenizer: Decoder, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
-    """decode() of each id list; one call into the Rust tokenizer when it offers `decode_batch`."""
-    batch = getattr(tokenizer, "decode_batch", None)
-    # decode_batch has a fixed cost (~0.4 ms: it hands the work to a thread pool); worth it for many.
-    if batch is not None and len(seqs) >= _MIN_BATCH:
-        return batch(seqs, skip_special_tokens=skip_special_tokens)
-    return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) if ids else "" for ids in seqs]
 
 
 class IncrementalDetokenizer:
@@ -69,6 +67,9 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(context)
         self._parts: list[str] = []  # everything emitted so far, joined on demand (no O(n) copy per step)
+        self._stream: DecodeStream | None = None
+        if isinstance(self.tokenizer, Tokenizer):
+            self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
         if prior_output_ids:
             # Resume: replay silently; the state (and `text`) equals that of the worker that emitted them.
             self.add(prior_output_ids)
@@ -78,25 +79,25 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
-        prefix, window = self.windows(token_ids)
-        return self.settle(self._decode(prefix), self._decode(window))
-
-    def windows(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Append generated tokens; return the two id windows to decode: ids[prefix:read], ids[prefix:].
-        Decode them (possibly batched with other requests') and pass the texts to `settle`."""
+        if self._stream is not None:
+            return self._add_streamed(token_ids)
         self._ids.extend(token_ids)
-        ids, p = self._ids, self._prefix_offset
-        return ids[p : self._read_offset], ids[p:]
-
-    def settle(self, prefix_text: str, window_text: str) -> str:
-        """The delta, given the decoded windows of the last `windows` call."""
-        if not window_text.endswith(_REPLACEMENT):
-            return self._emit(window_text[len(prefix_text) :], len(self._ids))
-        for end in range(len(self._ids) - 1, self._read_offset, -1):
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        for end in range(len(self._ids), self._read_offset, -1):
             window = self._decode(self._ids[self._prefix_offset : end])
             if not window.endswith(_REPLACEMENT):
                 return self._emit(window[len(prefix_text) :], end)
         return ""
+
+    def _add_streamed(self, token_ids: Sequence[int]) -> str:
+        stream, tokenizer, ids = self._stream, self.tokenizer, self._ids
+        pieces = []
+        for t in token_ids:
+            ids.append(t)
+            piece = stream.step(tokenizer, t)  # None: held back (unfinished character, or no new text)
+            if piece is not None:
+                pieces.append(self._emit(piece, len(ids)))
+        return "".join(pieces)
 
     def finish(self) -> str:
         """The request is over: release what was held back (a trailing U+FFFD for unfinished bytes)."""
@@ -172,25 +173,3 @@ class TextStream:
         if delta:
             self._parts.append(delta)
         return delta
-
-
-def append_many(streams: Sequence[TextStream], token_ids: Sequence[Sequence[int]]) -> list[tuple[str, bool]]:
-    """`[s.append(ids) for s, ids in zip(streams, token_ids)]`, with the decodes of all streams that share a
-    tokenizer done in one `decode_batch` call (one step of 256 requests: 1 call instead of 512)."""
-    out: list[tuple[str, bool]] = [("", True)] * len(streams)
-    groups: dict[tuple[int, bool], list[int]] = {}
-    windows: list[tuple[list[int], list[int]]] = [([], [])] * len(streams)
-    for i, (stream, ids) in enumerate(zip(streams, token_ids, strict=True)):
-        if stream.stopped:
-            continue
-        detok = stream._detokenizer
-        windows[i] = detok.windows(ids)
-        groups.setdefault((id(detok.tokenizer), detok.skip_special_tokens), []).append(i)
-    for (_, skip), members in groups.items():
-        tokenizer = streams[members[0]]._detokenizer.tokenizer
-        seqs = [w for i in members for w in windows[i]]
-        texts = decode_many(tokenizer, seqs, skip)
-        for j, i in enumerate(members):
-            stream = streams[i]
-            out[i] = stream._feed(stream._detokenizer.settle(texts[2 * j], texts[2 * j + 1]))
-    return out

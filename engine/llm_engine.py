@@ -19,7 +19,7 @@ from engine.config import EngineConfig, SchedulerConfig
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.detokenizer import TextStream, append_many
+from engine.detokenizer import TextStream
 from engine.errors import RequestRejected
 from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
 from engine.model_loader import load_model
@@ -184,30 +184,20 @@ class LLMEngine:
         if sched_out.is_empty:
             return deltas
         runner_out = self.runner.execute(sched_out, self.scheduler.requests)
-        updated = self.scheduler.update_from_output(sched_out, runner_out)
-        next_index = self._next_index
-        new_ids = [r.output_token_ids[next_index[r.request_id] :] for r in updated]
-        # All text deltas of the step at once: the detokenizer decodes them in one batched call.
-        texts = append_many([self._streams[r.request_id] for r in updated], new_ids)
-        logprobs = runner_out.logprobs
-        for request, ids, (text, stopped) in zip(updated, new_ids, texts, strict=True):
-            deltas.append(self._delta_for(request, ids, text, stopped, logprobs.get(request.request_id)))
+        for request in self.scheduler.update_from_output(sched_out, runner_out):
+            deltas.append(self._delta_for(request, runner_out.logprobs.get(request.request_id)))
         return deltas
 
-    def _delta_for(
-        self,
-        request: Request,
-        new_ids: list[int],
-        text: str,
-        stopped: bool,
-        logprobs: list[tuple[int, float]] | None,
-    ) -> StepDelta:
+    def _delta_for(self, request: Request, logprobs: list[tuple[int, float]] | None) -> StepDelta:
+        seq_id = request.request_id
+        new_ids = request.output_token_ids[self._next_index[seq_id] :]
         self._num_generated_tokens += len(new_ids)
+        stream = self._streams[seq_id]
+        text, stopped = stream.append(new_ids)
         if stopped and not request.is_finished:
-            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+            self.scheduler.finish_request(seq_id, RequestStatus.FINISHED_STOPPED)
         lp = [logprobs] if logprobs is not None else None
         if request.is_finished:
-            stream = self._streams[request.request_id]
             return self._finish_delta(
                 request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
             )
