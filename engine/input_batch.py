@@ -21,7 +21,7 @@ table row, so a padded batch computes the same rows for every real sequence.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,18 +38,23 @@ class BlockTables:
         self.table = np.zeros((rows, width), dtype=np.int32)
         self.counts = np.zeros(rows, dtype=np.int64)  # valid entries per row
         self.rows: dict[str, int] = {}
+        # The Request object each row was filled for: an id reused by a new request rewrites the row.
+        self.owners: dict[str, object] = {}
         self._free = list(range(rows - 1, -1, -1))
 
-    def row_for(self, request_id: str, block_ids: list[int]) -> int:
-        """The request's row, updated to `block_ids` (appended blocks written; anything else rewrites)."""
+    def row_for(self, request_id: str, block_ids: list[int], owner: object = None) -> int:
+        """The request's row, updated to `block_ids`. A running request's table only grows, so only the
+        blocks appended since the last step are written; a new owner of the id, a shorter table or a
+        changed last block rewrites the row (a preempted request's row is released by the caller)."""
         row = self.rows.get(request_id)
         if row is None:
             row = self._take()
             self.rows[request_id] = row
         known = int(self.counts[row])
         n = len(block_ids)
-        # Tables only grow while a request runs; anything else (a reused id) rewrites the row.
-        if n < known or (known and self.table[row, known - 1] != block_ids[known - 1]):
+        stale = self.owners.get(request_id) is not owner
+        self.owners[request_id] = owner
+        if stale or n < known or (known and self.table[row, known - 1] != block_ids[known - 1]):
             self.table[row, :known] = 0
             known = 0
         if n > known:
@@ -60,6 +65,7 @@ class BlockTables:
         return row
 
     def release(self, request_id: str) -> None:
+        self.owners.pop(request_id, None)
         row = self.rows.pop(request_id, None)
         if row is not None:
             self.table[row, : self.counts[row]] = 0
@@ -153,17 +159,22 @@ class InputBatch:
     def prepare(
         self,
         seqs: list[ScheduledSequence],
-        alive: Container[str] | None = None,
+        alive: Mapping[str, object] | None = None,
         pad_to: int | None = None,
         full_width: bool = False,
+        preempted: Sequence[str] = (),
     ) -> PreparedStep:
-        """Lay out `seqs`. alive: the ids still unfinished (rows of the others are freed).
+        """Lay out `seqs`. alive: the unfinished requests by id (rows of the others are freed; a row is
+        rewritten when its id now names another request object). preempted: ids whose blocks were freed.
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
         bs = self.block_size
         tables = self.tables
         if alive is not None:
             tables.release_all_but(alive)
+        for request_id in preempted:
+            tables.release(request_id)
+        owner_of = alive.get if alive is not None else (lambda _: None)
         ids: list[int] = []
         starts: list[int] = []
         qlens: list[int] = []
@@ -175,7 +186,7 @@ class InputBatch:
                 if s.fork_of is None:
                     raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
                 continue
-            rows.append(tables.row_for(s.request_id, s.block_ids))
+            rows.append(tables.row_for(s.request_id, s.block_ids, owner_of(s.request_id)))
             ids.extend(s.token_ids)
             starts.append(s.start_pos)
             qlens.append(n)

@@ -10,7 +10,7 @@ No policy here: what runs, where its KV lives and which blocks are copied all co
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -81,7 +81,9 @@ class ModelRunner:
         if sched_out.is_empty:
             self._copy_blocks(sched_out.block_copies)
             return RunnerOutput(sampled_token_ids={})
-        input_ids, positions, meta, sample_rows, sample_ids = self.prepare(sched_out.sequences, requests)
+        input_ids, positions, meta, sample_rows, sample_ids = self.prepare(
+            sched_out.sequences, requests, sched_out.preempted_ids
+        )
         t1 = time.perf_counter()
         with torch.inference_mode():
             if self.graphs is not None and self.graphs.can_replay(meta, input_ids):
@@ -109,7 +111,10 @@ class ModelRunner:
         return out
 
     def prepare(
-        self, seqs: list[ScheduledSequence], requests: Mapping[str, Request] | None = None
+        self,
+        seqs: list[ScheduledSequence],
+        requests: Mapping[str, Request] | None = None,
+        preempted: Sequence[str] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[str]]:
         """Host-side layout of one step: (input_ids [T], positions [T], metadata, sample_rows [B], ids [B]).
 
@@ -118,7 +123,9 @@ class ModelRunner:
         pad_to = None
         if self.pad_decode_batches and all(len(s.token_ids) == 1 for s in seqs):
             pad_to = bucket_for(sum(1 for s in seqs if s.token_ids), self.buckets)
-        step = self.batch.prepare(seqs, alive=requests, pad_to=pad_to, full_width=self.graphs is not None)
+        step = self.batch.prepare(
+            seqs, alive=requests, pad_to=pad_to, full_width=self.graphs is not None, preempted=preempted
+        )
         return step.input_ids, step.positions, step.meta, step.sample_rows, step.sample_ids
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:

@@ -72,8 +72,8 @@ def test_padded_decode_batches_give_the_same_tokens(tiny_model_dir, num_seqs):
     seen_rows: list[int] = []
     prepare = padded.prepare
 
-    def spy(seqs, requests=None):
-        out = prepare(seqs, requests)
+    def spy(*args):
+        out = prepare(*args)
         seen_rows.append(out[0].shape[0])
         return out
 
@@ -124,8 +124,8 @@ def test_cuda_graph_capture_and_replay_with_stand_ins(tiny_model_dir, monkeypatc
     last = {}
     prepare = graphed.prepare
 
-    def spy(seqs, requests=None):
-        last["step"] = out = prepare(seqs, requests)
+    def spy(*args):
+        last["step"] = out = prepare(*args)
         return out
 
     graphed.prepare = spy

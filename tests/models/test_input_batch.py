@@ -120,3 +120,19 @@ def test_fork_without_parent_in_step_is_an_error():
         batch.prepare(
             [ScheduledSequence("a", [1], 0, [1], True), ScheduledSequence("c", [], 3, [2], True, "p")]
         )
+
+
+def test_a_preempted_request_gets_its_new_table_even_if_its_last_block_matches():
+    batch = InputBatch(BS, torch.device("cpu"))
+    owner = object()
+    batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": owner})
+    # Preempted (blocks freed), then recomputed into [7, 9, 11]: block 9 lands at the same index by chance.
+    again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
+    _check_same(batch.prepare(again, alive={"a": owner}, preempted=["a"]), again)
+
+
+def test_an_id_reused_by_another_request_gets_its_new_table():
+    batch = InputBatch(BS, torch.device("cpu"))
+    batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": object()})
+    again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
+    _check_same(batch.prepare(again, alive={"a": object()}), again)
