@@ -25,7 +25,7 @@ The offsets are mirrored here so `finish()` can release what DecodeStream still 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -80,7 +80,7 @@ class IncrementalDetokenizer:
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
         if self._stream is not None:
-            return self._add_streamed(token_ids)
+            return self._add_streamed(self._stream, cast(Tokenizer, self.tokenizer), token_ids)
         self._ids.extend(token_ids)
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         for end in range(len(self._ids), self._read_offset, -1):
@@ -89,8 +89,8 @@ class IncrementalDetokenizer:
                 return self._emit(window[len(prefix_text) :], end)
         return ""
 
-    def _add_streamed(self, token_ids: Sequence[int]) -> str:
-        stream, tokenizer, ids = self._stream, self.tokenizer, self._ids
+    def _add_streamed(self, stream: DecodeStream, tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
+        ids = self._ids
         pieces = []
         for t in token_ids:
             ids.append(t)
