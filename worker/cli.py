@@ -16,14 +16,18 @@ from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.cli_options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.config import WorkerConfig
+from worker.keys import Keys
 from worker.limits import Limits
 from worker.sizes import parse_size
 
 ENGINE_DEFAULTS = config_defaults(EngineConfig)
 # `conveyor plan` sizes for a concrete dtype: every engine dtype but "auto".
 PLAN_DTYPES = [d for d in literal_choices(EngineConfig, "dtype") or () if d != "auto"]
-# Fields that are not options of their own: the group and keys come from --group/--prefix/--stream.
+# Fields that are not options of their own: the group comes from --group (default: from the model), the
+# keys and limits from their own dataclasses' options.
 WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
+# `conveyor submit` writes to the requests stream only.
+CLIENT_KEYS_NOT_OPTIONS = ("dead_stream",)
 
 
 def redis_options(f):
@@ -38,8 +42,7 @@ def redis_options(f):
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
             opt("--redis-keyfile", default=None, help="TLS: client key"),
             opt("--redis-cert-reqs", type=click.Choice(["required", "optional", "none"]), default=None),
-            opt("--prefix", default="conveyor", help="key prefix"),
-            opt("--stream", default="", help="requests stream (default <prefix>:requests)"),
+            config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS),
         ]
     ):
         f = decorator(f)
@@ -63,7 +66,7 @@ def main() -> None:
 @main.command()
 @config_options(EngineConfig)
 @redis_options
-@opt("--dead-stream", default="", help="dead-letter stream (default <prefix>:dead)")
+@config_options(Keys, exclude=("prefix", "requests_stream"))
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
 @config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
 @config_options(Limits)
@@ -81,7 +84,7 @@ def worker(**kw: Any) -> None:
 
     from engine import LLMEngine
     from worker import logs
-    from worker.keys import Keys, group_name
+    from worker.keys import group_name
     from worker.loop import Worker
     from worker.tiny import resolve_model
 
@@ -96,7 +99,7 @@ def worker(**kw: Any) -> None:
     client = _client(kw)
     cfg = WorkerConfig(
         group=kw["group"] or group_name(model),
-        keys=Keys(kw["prefix"], kw["stream"], kw["dead_stream"]),
+        keys=Keys(**pop_config_kwargs(Keys, kw)),
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
@@ -125,9 +128,8 @@ def submit(prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, **
     import uuid
 
     from worker.client import enqueue, events
-    from worker.keys import Keys
 
-    keys = Keys(kw.pop("prefix"), kw.pop("stream"))
+    keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
     client = _client(kw)
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})

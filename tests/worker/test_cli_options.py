@@ -14,6 +14,7 @@ from engine.config import EngineConfig, literal_choices
 from worker.cli import WORKER_FIELDS_NOT_OPTIONS, main
 from worker.cli_options import option_name
 from worker.config import WorkerConfig
+from worker.keys import Keys
 from worker.limits import Limits
 
 OPTIONS = {p.name: p for p in main.commands["worker"].params if isinstance(p, click.Option)}
@@ -46,7 +47,7 @@ def test_every_engine_field_is_an_option_with_its_default_choices_and_help(field
 
 @pytest.mark.parametrize(
     "field",
-    _fields(WorkerConfig, WORKER_FIELDS_NOT_OPTIONS) + _fields(Limits),
+    _fields(WorkerConfig, WORKER_FIELDS_NOT_OPTIONS) + _fields(Limits) + _fields(Keys),
     ids=lambda f: f.name,
 )
 def test_every_worker_field_is_an_option_with_its_default(field):
@@ -72,7 +73,7 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
 
     monkeypatch.setattr(worker.loop, "Worker", built)
     args = ["worker", "--model", "/m", "--max-prompt-tokens", "77", "--drain-timeout", "2.5"]
-    args += ["--max-tokens-limit", "9", "--block-ms", "50", "--group", "g"]
+    args += ["--max-tokens-limit", "9", "--block-ms", "50", "--group", "g", "--stream", "in"]
     result = CliRunner().invoke(main, args, env={"CONVEYOR_DEAD_MAXLEN": "123"})
     assert isinstance(result.exception, _Built), result.output
     (_, model, engine_kw), cfg = result.exception.args
@@ -80,6 +81,7 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     assert EngineConfig(model=model, **engine_kw) == EngineConfig(model="/m", max_prompt_tokens=77)
     assert cfg.drain_timeout_s == 2.5 and cfg.block_ms == 50 and cfg.dead_maxlen == 123
     assert cfg.limits == Limits(max_tokens=9) and cfg.group == "g"
+    assert cfg.keys == Keys(requests_stream="in") and cfg.keys.requests == "in"
     assert cfg.consumer  # left unset: the default factory (<host>-<pid>) ran
 
 
