@@ -12,7 +12,6 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from model_helpers import GreedySampler
 
 from engine.config import EngineConfig
 from engine.core.request import Request
@@ -21,6 +20,7 @@ from engine.llm_engine import LLMEngine
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from tests.helpers.model_helpers import GreedySampler
 
 BS = 4
 

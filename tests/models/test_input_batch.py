@@ -6,11 +6,11 @@ import random
 
 import pytest
 import torch
-from model_helpers import metadata
 
 from engine.core.scheduler_output import ScheduledSequence
 from engine.cuda_graphs import batch_buckets, bucket_for
 from engine.input_batch import InputBatch
+from tests.helpers.model_helpers import metadata
 
 BS = 4
 
