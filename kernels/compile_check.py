@@ -1,5 +1,6 @@
 """Compile every Triton kernel the engine can launch for real GPUs, on a machine without one.
 
+    python -m kernels.compile_check --sweep               # one axis at a time (what CI runs)
     python -m kernels.compile_check                       # full matrix, sm_80 / sm_89 / sm_90
     python -m kernels.compile_check --targets 89 --dtypes bf16 --head-sizes 128 --json out.json
 
@@ -39,14 +40,17 @@ TARGET_NAMES = {80: "A100", 89: "L4 / L40S / RTX 4090", 90: "H100 / H200"}
 
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_SIZES = (64, 80, 96, 128, 256)
-BLOCK_SIZES = (16, 32, 64)
+BLOCK_SIZES = (16, 32, 64, 128)  # EngineConfig accepts 8 too, which the Triton launchers refuse
 # Query heads per KV head. The launchers derive tile shapes from the ratio: paged_attention packs
 # GROUP_P = next_pow2(ratio) heads with BLOCK_Q tokens into >= 16 rows; the split decode uses
 # BLOCK_M = max(16, next_pow2(ratio)). These cover every GROUP_P from 1 to 16, with a ratio that is not
 # a power of two (masked rows) for GROUP_P 4 and 8, and include the ratios of the Llama / Mistral / Qwen
 # models the engine loads (1, 2, 4, 5, 6, 7, 8, 16).
 GQA_RATIOS = (1, 2, 3, 4, 7, 8, 16)
-NUM_KV_HEADS = 8  # write_kv tiles all KV heads: BLOCK_H = next_pow2(num_kv_heads)
+# KV heads (per GPU) only reach write_kv, which tiles all of them: BLOCK_H = next_pow2(num_kv_heads).
+# 8 is the usual GQA count; MHA checkpoints have 32 or 40 (-> 64).
+NUM_KV_HEADS = 8
+KV_HEADS = (1, 2, 4, 8, 16, 32, 64)
 # Step kinds: a pure decode (one-launch kernel, BLOCK_Q for one token), prefills whose longest chunk
 # makes the launcher pick each BLOCK_Q it can (16, 32, 64 rows), and split-KV decodes.
 PREFILL_QUERY_LENS = (2, 17, 33)
@@ -99,7 +103,13 @@ class Result:
 
 
 def full_matrix() -> list[Shape]:
-    return [Shape(*s) for s in itertools.product(DTYPES, HEAD_SIZES, BLOCK_SIZES, GQA_RATIOS)]
+    """Every dtype x head size x block size x GQA ratio (8 KV heads), and every KV head count at ratio 1
+    (the attention launches of those repeat the first set: only write_kv tells them apart)."""
+    shapes = [Shape(*s) for s in itertools.product(DTYPES, HEAD_SIZES, BLOCK_SIZES, GQA_RATIOS)]
+    for dtype, head, block, kv in itertools.product(DTYPES, HEAD_SIZES, BLOCK_SIZES, KV_HEADS):
+        if kv != NUM_KV_HEADS:
+            shapes.append(Shape(dtype, head, block, 1, kv))
+    return shapes
 
 
 SWEEP_BASE = Shape("bf16", 128, 16, 4)
@@ -107,13 +117,14 @@ SWEEP_BASE = Shape("bf16", 128, 16, 4)
 
 def axis_sweep(base: Shape = SWEEP_BASE) -> list[Shape]:
     """Every value of every axis at least once: the base shape, then one axis changed at a time
-    (the full product is 315 shapes and ~2,600 distinct compiles, hours on two cores)."""
+    (the full product is hours of compiling on two cores)."""
     shapes = [base]
     for axis, values in (
         ("dtype", DTYPES),
         ("head_size", HEAD_SIZES),
         ("block_size", BLOCK_SIZES),
         ("gqa_ratio", GQA_RATIOS),
+        ("num_kv_heads", KV_HEADS),
     ):
         shapes += [replace(base, **{axis: v}) for v in values if v != getattr(base, axis)]
     return shapes
@@ -194,7 +205,9 @@ def capture_launches(shape: Shape) -> list[Launch]:
     hkv, d, bs = shape.num_kv_heads, shape.head_size, shape.block_size
     hq = hkv * shape.gqa_ratio
     cache = torch.zeros(4, bs, hkv, d, dtype=dtype)  # never read: kernels are recorded, not run
-    steps = [([1, 1], [40, 70], None)] + [([q, 1], [q + 40, 70], None) for q in PREFILL_QUERY_LENS]
+    # Contexts span several blocks of every size, so block-table widths and tile counts are not 1 (Triton
+    # would fold a scalar argument equal to 1 into a constant: a different, simpler kernel).
+    steps = [([1, 1], [300, 530], None)] + [([q, 1], [q + 300, 530], None) for q in PREFILL_QUERY_LENS]
     # Split decode: one sequence, context 256 * splits, enough "SMs" that the heuristic wants >= 64 splits.
     steps += [([1], [256 * s], 64 * hkv + 1) for s in SPLITS]
     with recording_launches() as sink:
@@ -361,13 +374,19 @@ def _worker_init() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton's current default, warning silenced
 
 
+def run_jobs(jobs: list[CompileJob], workers: int = 1) -> list[Result]:
+    """Compile in fresh processes: they import kernels/ in compiled mode (a parent running the Triton
+    interpreter holds interpreted kernels, and any @triton.jit helper they call would be one too)."""
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init) as pool:
+        return list(pool.map(run_job, jobs, chunksize=1))
+
+
 def check(shapes: list[Shape], archs: tuple[int, ...] = (80, 89, 90), workers: int | None = None) -> dict:
     """Capture, deduplicate and compile; returns a report with every result and the failures."""
     start = time.perf_counter()
     jobs, launches = plan(shapes, archs)
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_init) as pool:
-        results = list(pool.map(run_job, jobs, chunksize=1))
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    results = run_jobs(list(jobs), workers)
     for result, users in zip(results, jobs.values(), strict=True):
         result.shapes = sorted(set(users))
     return {
@@ -396,12 +415,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-sizes", type=ints, default=HEAD_SIZES)
     p.add_argument("--block-sizes", type=ints, default=BLOCK_SIZES)
     p.add_argument("--gqa-ratios", type=ints, default=GQA_RATIOS)
+    p.add_argument("--kv-heads", type=ints, default=KV_HEADS)
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--json", type=str, default=None, help="write the full report here")
     p.add_argument("--count", action="store_true", help="count the distinct compiles, compile nothing")
     a = p.parse_args(argv)
-    axes = (a.dtypes.split(","), a.head_sizes, a.block_sizes, a.gqa_ratios)
-    shapes = axis_sweep() if a.sweep else [Shape(*s) for s in itertools.product(*axes)]
+    shapes = [
+        s
+        for s in (axis_sweep() if a.sweep else full_matrix())
+        if s.dtype in a.dtypes.split(",")
+        and s.head_size in a.head_sizes
+        and s.block_size in a.block_sizes
+        and s.gqa_ratio in a.gqa_ratios
+        and s.num_kv_heads in a.kv_heads
+    ]
     if a.count:
         jobs, launches = plan(shapes, a.targets)
         print(f"{len(shapes)} shapes, {launches} launches, {len(jobs)} distinct compiles")
