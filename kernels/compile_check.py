@@ -207,12 +207,16 @@ def capture_launches(shape: Shape) -> list[Launch]:
     cache = torch.zeros(4, bs, hkv, d, dtype=dtype)  # never read: kernels are recorded, not run
     # Contexts span several blocks of every size, so block-table widths and tile counts are not 1 (Triton
     # would fold a scalar argument equal to 1 into a constant: a different, simpler kernel).
-    steps = [([1, 1], [300, 530], None)] + [([q, 1], [q + 300, 530], None) for q in PREFILL_QUERY_LENS]
-    # Split decode: one sequence, context 256 * splits, enough "SMs" that the heuristic wants >= 64 splits.
+    # (query lens, context lens, SM count): so many SMs that decodes never split, then split decodes of
+    # one sequence with 256 * splits tokens and enough SMs that the heuristic wants >= 64 splits.
+    no_split = 1 << 20
+    steps = [([1, 1], [300, 530], no_split)] + [
+        ([q, 1], [q + 300, 530], no_split) for q in PREFILL_QUERY_LENS
+    ]
     steps += [([1], [256 * s], 64 * hkv + 1) for s in SPLITS]
     with recording_launches() as sink:
         for q_lens, s_lens, num_sms in steps:
-            backend = TritonAttentionBackend(num_sms=num_sms if num_sms else 1 << 20)
+            backend = TritonAttentionBackend(num_sms=num_sms)
             tokens, width = sum(q_lens), -(-max(s_lens) // bs)
             meta = AttentionMetadata(
                 slot_mapping=torch.zeros(tokens, dtype=torch.int64),
@@ -228,8 +232,9 @@ def capture_launches(shape: Shape) -> list[Launch]:
             query = torch.zeros(tokens, hq, d, dtype=dtype)
             key = torch.zeros(tokens, hkv, d, dtype=dtype)
             backend.write_kv(key, key, cache, cache, meta)
-            for extras in ({}, _backend_extras(backend)):
-                backend.forward(query, key, key, cache, cache, meta, d**-0.5, **extras)
+            extras = _backend_extras(backend)
+            for options in [{}, extras] if extras else [{}]:
+                backend.forward(query, key, key, cache, cache, meta, d**-0.5, **options)
     return sink
 
 
