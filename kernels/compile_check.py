@@ -82,6 +82,10 @@ class CompileJob:
     attrs: tuple  # ((path, [[attr, value]]), ...)
     options: tuple  # ((launch option, value), ...): num_warps, num_stages, ...
 
+    def constexpr(self, name: str):
+        index = _jit_function(self.module, self.kernel).arg_names.index(name)
+        return dict(self.constexprs).get((index,))
+
 
 @dataclass
 class Result:
@@ -200,7 +204,10 @@ def capture_launches(shape: Shape) -> list[Launch]:
 
     from engine.attention.metadata import AttentionMetadata
     from engine.attention.triton_backend import TritonAttentionBackend
+    from kernels._common import interpreting
 
+    if interpreting():  # launchers pick interpreter-only settings (fp32 dots, host loop bounds) there
+        raise RuntimeError("capture launches without TRITON_INTERPRET=1: plan_in_subprocess() does")
     dtype = getattr(torch, _DTYPE_NAMES[shape.dtype])
     hkv, d, bs = shape.num_kv_heads, shape.head_size, shape.block_size
     hq = hkv * shape.gqa_ratio
@@ -379,6 +386,15 @@ def _worker_init() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton's current default, warning silenced
 
 
+def plan_in_subprocess(
+    shapes: list[Shape], archs: tuple[int, ...]
+) -> tuple[dict[CompileJob, list[str]], int]:
+    """`plan` in a fresh process that imports kernels/ in compiled mode, so the launchers choose what they
+    choose on a GPU even when this process runs the Triton interpreter (as the CPU test suite does)."""
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_worker_init) as pool:
+        return pool.submit(plan, shapes, archs).result()
+
+
 def run_jobs(jobs: list[CompileJob], workers: int = 1) -> list[Result]:
     """Compile in fresh processes: they import kernels/ in compiled mode (a parent running the Triton
     interpreter holds interpreted kernels, and any @triton.jit helper they call would be one too)."""
@@ -389,7 +405,7 @@ def run_jobs(jobs: list[CompileJob], workers: int = 1) -> list[Result]:
 def check(shapes: list[Shape], archs: tuple[int, ...] = (80, 89, 90), workers: int | None = None) -> dict:
     """Capture, deduplicate and compile; returns a report with every result and the failures."""
     start = time.perf_counter()
-    jobs, launches = plan(shapes, archs)
+    jobs, launches = plan_in_subprocess(shapes, archs)
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
     results = run_jobs(list(jobs), workers)
     for result, users in zip(results, jobs.values(), strict=True):
@@ -435,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         and s.num_kv_heads in a.kv_heads
     ]
     if a.count:
-        jobs, launches = plan(shapes, a.targets)
+        jobs, launches = plan_in_subprocess(shapes, a.targets)
         print(f"{len(shapes)} shapes, {launches} launches, {len(jobs)} distinct compiles")
         return 0
     report = check(shapes, a.targets, a.workers)

@@ -10,6 +10,7 @@ import pytest
 from triton.runtime.jit import KernelInterface
 
 from kernels import compile_check as cc
+from kernels._common import interpreting
 
 ARCHS = (80, 89, 90)
 
@@ -42,8 +43,11 @@ def _matches(result: dict, known: tuple[int, str, str, dict]) -> bool:
     )
 
 
-def _launches(shape: cc.Shape, kernel: str) -> list[cc.Launch]:
-    return [launch for launch in cc.capture_launches(shape) if launch.kernel == kernel]
+def _jobs(shape: cc.Shape, kernel: str, arch: int) -> list[cc.CompileJob]:
+    """The compile inputs `shape` launches for `kernel`, captured in compiled mode by a subprocess (this
+    process runs the interpreter, whose launchers pick interpreter-only settings)."""
+    jobs, _ = cc.plan_in_subprocess([shape], (arch,))
+    return [job for job in jobs if job.kernel == kernel]
 
 
 def test_capture_reaches_every_kernel():
@@ -54,7 +58,7 @@ def test_capture_reaches_every_kernel():
         for name, obj in vars(module).items()
         if isinstance(obj, KernelInterface)
     }
-    launched = {launch.kernel for launch in cc.capture_launches(cc.SWEEP_BASE)}
+    launched = {job.kernel for job in cc.plan_in_subprocess([cc.SWEEP_BASE], (89,))[0]}
     assert every and launched == every
     assert {"_decode_partition_kernel", "_decode_reduce_kernel", "_paged_attention_kernel"} <= launched
 
@@ -62,15 +66,15 @@ def test_capture_reaches_every_kernel():
 def test_deduplication_merges_identical_compile_inputs():
     """Launches with the same compile input compile once; a different tile (head 64) does not merge."""
     base = cc.SWEEP_BASE
-    jobs_once, launches_once = cc.plan([base], (89,))
-    jobs_twice, launches_twice = cc.plan([base, base], (89,))
+    jobs_once, launches_once = cc.plan_in_subprocess([base], (89,))
+    jobs_twice, launches_twice = cc.plan_in_subprocess([base, base], (89,))
     assert set(jobs_twice) == set(jobs_once) and launches_twice == 2 * launches_once > len(jobs_once)
-    jobs_64, _ = cc.plan([cc.Shape("bf16", 64, 16, 4)], (89,))
+    jobs_64, _ = cc.plan_in_subprocess([cc.Shape("bf16", 64, 16, 4)], (89,))
     assert not set(jobs_64) & set(jobs_once)
 
 
 def test_ptxas_report_parsing_on_real_output():
-    job = cc.compile_job(_launches(cc.SWEEP_BASE, "_write_kv_kernel")[0], 89)
+    job = _jobs(cc.SWEEP_BASE, "_write_kv_kernel", 89)[0]
     [result] = cc.run_jobs([job])
     assert result.ok, result.problems
     assert result.registers > 0 and result.spill_store_bytes == 0 == result.spill_load_bytes
@@ -81,8 +85,8 @@ def test_ptxas_report_parsing_on_real_output():
 def test_oversized_tile_fails_the_check():
     """A cache block of 256 tokens (past the engine's largest, 128) gives the decode kernel 256 x 128 K/V
     tiles: 143 KiB of shared memory, over sm_89's 99 KiB per block, and more registers than 255."""
-    decode = _launches(cc.Shape("fp16", 128, 256, 8), "_paged_attention_kernel")[0]
-    [result] = cc.run_jobs([cc.compile_job(decode, 89)])
+    [decode] = [j for j in _jobs(cc.Shape("fp16", 128, 256, 8), PAGED, 89) if j.constexpr("BLOCK_Q") == 2]
+    [result] = cc.run_jobs([decode])
     assert result.shared_bytes > cc.SHARED_MEM_PER_BLOCK[89]
     assert result.spill_store_bytes > 0 and result.spill_load_bytes > 0  # parsed from a real spilling report
     assert not result.ok
@@ -105,3 +109,10 @@ def test_engine_configurations_fit_every_target():
     )
     now_fitting = [k for k in KNOWN_OVER_LIMIT if not any(_matches(r, k) for r in report["failures"])]
     assert not now_fitting, f"listed as over the limit but fit now, remove them: {now_fitting}"
+
+
+@pytest.mark.skipif(not interpreting(), reason="only the interpreter's launchers differ")
+def test_capture_refuses_the_interpreter():
+    """Under TRITON_INTERPRET=1 the launchers choose fp32 dots and host loop bounds: not a GPU's launches."""
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        cc.capture_launches(cc.SWEEP_BASE)
