@@ -109,12 +109,16 @@ def consume(url: str, prefix: str, ids: list[str], ready, result) -> None:
 
 def run_redis(args, url: str) -> dict:
     from worker.loop import Worker
+    from worker.metrics import Metrics
+    from worker.observer import Tracer
 
     engine = make_engine(args)
     warm_up(engine, args.workload)
     prefix = f"bench-{os.getpid()}-{int(time.time())}"
     keys = Keys(prefix)
-    worker = Worker(engine, connect(url), WorkerConfig(group="bench", consumer="bench-1", keys=keys))
+    tracer = Tracer(Metrics({"consumer": "bench-1"}))
+    cfg = WorkerConfig(group="bench", consumer="bench-1", keys=keys)
+    worker = Worker(engine, connect(url), cfg, observer=tracer)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     ids = [f"b{k}" for k in range(len(args.workload))]
@@ -125,8 +129,8 @@ def run_redis(args, url: str) -> dict:
     ready.wait(60)
     client = connect(url)
     time.sleep(0.5)  # let the idle worker block in XREADGROUP, as in service
-    worker.publish_latencies.clear()
-    worker.trace = []
+    tracer.publish_latencies.clear()
+    tracer.trace.clear()
     payloads = [
         json.dumps(
             {
@@ -147,8 +151,8 @@ def run_redis(args, url: str) -> dict:
     tokens, end, arrivals = result.get(timeout=600)
     reader.join()
     # Sampled (step() returned it) -> read by the client process from its output stream.
-    e2e = sorted(arrivals[(j, k, i)] - t for j, k, i, t in worker.trace if (j, k, i) in arrivals)
-    latencies = sorted(worker.publish_latencies)
+    e2e = sorted(arrivals[(j, k, i)] - t for j, k, i, t in tracer.trace if (j, k, i) in arrivals)
+    latencies = sorted(tracer.publish_latencies)
     worker.stop.request()
     thread.join(timeout=60)
     for key in client.scan_iter(match=f"{prefix}:*"):

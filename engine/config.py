@@ -1,9 +1,19 @@
-"""Engine configuration: frozen, validated once. Values found at start-up are passed separately."""
+"""Engine configuration: frozen, validated once. Values found at start-up are passed separately.
+
+Each `EngineConfig` field is also a `conveyor worker` option (worker/cli_options.py builds them): its name
+with dashes, its default, choices from its Literal type and the help text in its metadata.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+
+def knob(default: Any, help: str) -> Any:
+    """A config field with the help text the CLI shows for it."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -24,44 +34,87 @@ class SchedulerConfig:
         _check_at_least_one(
             self, "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"
         )
-        _check_choice(self, "scheduling", ("continuous", "static"))
-        _check_choice(self, "policy", ("fcfs", "priority"))
+        check_choices(self)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What a user chooses. `LLMEngine(**kwargs)` builds one of these; see README for each knob."""
+    """What a user chooses. `LLMEngine(model, **kwargs)` builds one of these."""
 
-    model: str
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    # None: the model's own maximum context.
-    max_model_len: int | None = None
-    # None: sized from kv_cache_memory.
-    num_kv_blocks: int | None = None
-    # KV pool budget: bytes on the CPU (None -> 1 GiB); on CUDA a fraction of free memory (None -> 0.9
-    # of free memory after the weights are loaded), or bytes when > 1.
-    kv_cache_memory: float | None = None
-    enable_prefix_caching: bool = True
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    device: str = "auto"
-    scheduling: Literal["continuous", "static"] = "continuous"
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    model: str = field(metadata={"help": "checkpoint folder, hub id, or tiny[:<arch>] (a random tiny model)"})
+    block_size: int = knob(16, "tokens per KV block: 8, 16, 32, 64 or 128")
+    max_num_seqs: int = knob(64, "most sequences in one step")
+    max_num_batched_tokens: int = knob(2048, "most tokens in one step (prefill chunks + decodes)")
+    max_model_len: int | None = knob(None, "longest sequence, prompt + output (default: the model's)")
+    max_prompt_tokens: int | None = knob(
+        None, "longest prompt accepted (default: max_model_len - 1); longer ones are rejected"
+    )
+    num_kv_blocks: int | None = knob(None, "KV blocks in the pool (default: sized from kv_cache_memory)")
+    kv_cache_memory: float | None = knob(
+        None,
+        "KV pool budget: bytes on the CPU (default 1 GiB); on CUDA a fraction of the free memory after "
+        "the weights load (default 0.9), or bytes when > 1",
+    )
+    enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = knob(
+        "auto", "weights and KV dtype (auto: the checkpoint's on CUDA, float32 on the CPU)"
+    )
+    device: str = knob("auto", "auto, cpu, cuda or cuda:N")
+    scheduling: Literal["continuous", "static"] = knob(
+        "continuous", "continuous: iteration-level batching; static: a new batch when the last ends"
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = knob("fcfs", "which waiting request goes first")
+    attention_backend: Literal["auto", "torch", "triton"] = knob(
+        "auto", "auto: Triton kernels on CUDA, torch elsewhere"
+    )
+    model_impl: Literal["auto", "native", "transformers"] = knob(
+        "auto",
+        "native: Conveyor's own Llama-family code; transformers: the model's own transformers modules on "
+        "Conveyor's paged attention (any decoder-only LM); auto: native for the Llama family, else transformers",
+    )
+    enable_cuda_graphs: bool = knob(
+        False,
+        "capture decode steps as CUDA graphs, one per batch-size bucket, and replay them (CUDA with the "
+        "Triton backend only; refused elsewhere rather than silently run without)",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must name a checkpoint folder or hub id")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
-        _check_at_least_one(self, "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks")
+        _check_at_least_one(
+            self,
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "max_prompt_tokens",
+            "num_kv_blocks",
+        )
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory}")
-        _check_choice(self, "dtype", ("auto", "float32", "float16", "bfloat16"))
-        _check_choice(self, "scheduling", ("continuous", "static"))
-        _check_choice(self, "scheduling_policy", ("fcfs", "priority"))
-        _check_choice(self, "attention_backend", ("auto", "torch", "triton"))
+        if not isinstance(self.enable_cuda_graphs, bool):
+            raise ValueError(f"enable_cuda_graphs must be true or false, got {self.enable_cuda_graphs!r}")
+        if self.enable_cuda_graphs and self.attention_backend == "torch":
+            raise ValueError("enable_cuda_graphs needs the triton attention backend, not torch")
+        if self.enable_cuda_graphs and self.device != "auto" and not self.device.startswith("cuda"):
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device, got device={self.device!r}")
+        check_choices(self)
+
+
+def literal_choices(cls: type, name: str) -> tuple[str, ...] | None:
+    """The allowed values of a field typed `Literal[...]` (None for any other type)."""
+    hint = typing.get_type_hints(cls)[name]
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+def check_choices(config: Any) -> None:
+    """Every Literal-typed field holds one of its values; the error names the field and the choices."""
+    for f in fields(config):
+        choices = literal_choices(type(config), f.name)
+        value = getattr(config, f.name)
+        if choices is not None and value not in choices:
+            raise ValueError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def _check_at_least_one(config: object, *names: str) -> None:
@@ -70,9 +123,3 @@ def _check_at_least_one(config: object, *names: str) -> None:
         value = getattr(config, name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _check_choice(config: object, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(config, name)
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

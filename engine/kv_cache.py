@@ -19,10 +19,15 @@ DEFAULT_CPU_BYTES = 1 << 30  # 1 GiB
 DEFAULT_CUDA_FRACTION = 0.9
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """K and V of one token across all layers: the one formula, shared with `conveyor plan`."""
+    return num_layers * 2 * num_kv_heads * head_dim * itemsize
+
+
 def bytes_per_token(spec: ModelSpec, dtype: torch.dtype | None = None) -> int:
-    """K and V of one token across all layers."""
+    """K and V of one token across all layers, in the pool's dtype (default: the model's)."""
     itemsize = torch.empty((), dtype=dtype or spec.dtype).element_size()
-    return spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * itemsize
+    return kv_bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim, itemsize)
 
 
 def bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype | None = None) -> int:

@@ -10,36 +10,30 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
-
-import torch
+from dataclasses import asdict, replace
+from typing import Any, cast
 
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.detokenizer import TextStream
-from engine.errors import RequestRejected
+from engine.detokenizer import Decoder, TextStream
+from engine.device import resolve_device
+from engine.errors import RejectReason, RequestRejected
 from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
+from engine.prompt import Chat, Prompt
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import load_tokenizer
+from engine.structured.batch_mask import GrammarMaskingSampler
+from engine.structured.manager import StructuredOutputManager
+from engine.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
 _SAMPLE_SEP = "\x1f"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
-    return device
 
 
 class LLMEngine:
@@ -49,25 +43,47 @@ class LLMEngine:
     >>> llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0))[0].text
     """
 
-    def __init__(self, model: str, **options: object) -> None:
-        self.config = config = EngineConfig(model=model, **options)  # type: ignore[arg-type]
+    def __init__(self, model: str, **options: Any) -> None:
+        self.config = config = EngineConfig(model=model, **options)
+        # Device, attention backend and EOS ids are resolved here, once, and passed down explicitly.
         self.device = resolve_device(config.device)
-        self.model, self.spec = load_model(config.model, dtype=config.dtype, device=self.device)
+        if config.enable_cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
+        self.attention_backend = get_attention_backend(config.attention_backend, self.device)
+        self.model, self.spec = load_model(
+            config.model,
+            dtype=config.dtype,
+            device=self.device,
+            attention_backend=self.attention_backend,
+            model_impl=config.model_impl,
+        )
         self.tokenizer = load_tokenizer(config.model)
+        # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.
+        self._decoder = cast(Decoder, self.tokenizer)
         self.max_model_len = self._resolve_max_model_len()
+        # Longest prompt accepted: the option, and always room for one generated token.
+        self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
         self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
             self.spec, config.block_size, self.device, config.kv_cache_memory
         )
-        self.eos_token_ids = frozenset(self.spec.eos_token_ids) | _tokenizer_eos(self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, self.spec.eos_token_ids)
         kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
+        # Constrained decoding: masks as wide as the LM head (spec.vocab_size), not the tokenizer.
+        self.structured = StructuredOutputManager(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(
             self.model,
             self.spec,
             kv_pool,
             config.block_size,
             self.device,
-            get_attention_backend(config.attention_backend, self.device),
-            Sampler(self.spec.vocab_size, self.eos_token_ids),
+            self.attention_backend,
+            GrammarMaskingSampler(
+                Sampler(self.spec.vocab_size, self.eos_token_ids), self.structured.rows, self.spec.vocab_size
+            ),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_cuda_graphs=config.enable_cuda_graphs,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -98,7 +114,7 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         params: SamplingParams | None = None,
         *,
         priority: int = 0,
@@ -107,16 +123,27 @@ class LLMEngine:
     ) -> int:
         """Queue a request; return its number of prompt tokens. Raises `RequestRejected` if it can never run.
 
+        `prompt`: text (encoded with the tokenizer's BOS), token ids (used as given), or `Chat` messages
+        (rendered with the model's chat template, whose own special tokens are kept and not doubled).
         `prior_output_token_ids` (one list per sample) resumes a request whose first tokens were generated
         elsewhere: they count towards `max_tokens`, and only tokens after them are emitted.
         """
         params = params or SamplingParams()
         if request_id in self._groups:
-            raise RequestRejected(f"request id {request_id!r} is already in use")
+            raise RequestRejected(RejectReason.DUPLICATE_ID, f"request id {request_id!r} is already in use")
+        self.check_structured(params)
         prompt_ids = self._encode(prompt)
+        if len(prompt_ids) > self.max_prompt_tokens:
+            raise RequestRejected(
+                RejectReason.PROMPT_TOO_LONG,
+                f"prompt has {len(prompt_ids)} tokens, the limit is {self.max_prompt_tokens}",
+            )
         priors = [list(p) for p in prior_output_token_ids] if prior_output_token_ids else [[]] * params.n
         if len(priors) != params.n:
-            raise RequestRejected(f"prior_output_token_ids has {len(priors)} lists, expected n={params.n}")
+            raise RequestRejected(
+                RejectReason.BAD_PRIOR_OUTPUT,
+                f"prior_output_token_ids has {len(priors)} lists, expected n={params.n}",
+            )
         for prior in priors:
             self._check_token_ids(prior, "prior_output_token_ids")
         arrival = time.monotonic() if arrival_time is None else arrival_time
@@ -140,7 +167,7 @@ class LLMEngine:
         self._groups[request_id] = [r.request_id for r in requests]
         for request in requests:
             self._streams[request.request_id] = TextStream(
-                self.tokenizer, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
+                self._decoder, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
             )
             self._next_index[request.request_id] = request.num_output_tokens
         for request in requests:
@@ -149,8 +176,14 @@ class LLMEngine:
             if reason is not None:
                 self._pending.append(self._finish_delta(request, reason, stream.finish(), []))
                 continue
+            self.structured.admit(request)
             self.scheduler.add_request(request)
         return len(prompt_ids)
+
+    def check_structured(self, params: SamplingParams) -> None:
+        """Raise GrammarError (a RequestRejected) with the grammar engine's message if the request's
+        response_format / structured_outputs is invalid. Fast: parses, does not compile token masks."""
+        self.structured.check(params)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; its samples end with finish_reason "abort"."""
@@ -174,12 +207,31 @@ class LLMEngine:
     def step(self) -> list[StepDelta]:
         """Run one iteration: every running sequence advances by one token (or one prefill chunk)."""
         deltas, self._pending = self._pending, []
+        deltas += self._fail_structured(self.structured.poll(self.scheduler))
         sched_out = self.scheduler.schedule()
         if sched_out.is_empty:
+            if self.structured.has_compiling():
+                self.structured.wait(0.005)  # only grammars to wait for: do not spin
             return deltas
         runner_out = self.runner.execute(sched_out, self.scheduler.requests)
-        for request in self.scheduler.update_from_output(sched_out, runner_out):
+        updated = self.scheduler.update_from_output(sched_out, runner_out)
+        rejected = self.structured.accept(updated)
+        for request in updated:
             deltas.append(self._delta_for(request, runner_out.logprobs.get(request.request_id)))
+        return deltas + self._fail_structured(rejected)
+
+    def _fail_structured(self, failures: list[tuple[Request, str]]) -> list[StepDelta]:
+        """End requests whose grammar failed to compile (or rejected a token): finish_reason "abort", with
+        the reason in `error`."""
+        deltas = []
+        for request, error in failures:
+            if request.request_id not in self._streams:
+                continue  # already finished by the step that sampled the token
+            if not request.is_finished:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_ABORTED)
+            stream = self._streams[request.request_id]
+            delta = self._finish_delta(request, "abort", stream.finish(), [])
+            deltas.append(replace(delta, error=error))
         return deltas
 
     def _delta_for(self, request: Request, logprobs: list[tuple[int, float]] | None) -> StepDelta:
@@ -243,7 +295,7 @@ class LLMEngine:
 
     def generate(
         self,
-        prompts: Sequence[str | Sequence[int]],
+        prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs in the order of `prompts`."""
@@ -255,9 +307,11 @@ class LLMEngine:
         results: dict[str, RequestOutput] = {}
         for request_id, prompt, p in zip(ids, prompts, params, strict=True):
             self.add_request(request_id, prompt, p)
+            first = self.scheduler.get_request(self._groups[request_id][0])
+            assert first is not None  # just added
             results[request_id] = RequestOutput(
                 request_id=request_id,
-                prompt_token_ids=self.scheduler.get_request(self._groups[request_id][0]).prompt_token_ids,
+                prompt_token_ids=first.prompt_token_ids,
                 outputs=[CompletionOutput(index=k) for k in range(p.n)],
             )
         while self.has_unfinished_requests():
@@ -305,11 +359,6 @@ class LLMEngine:
         allocated = len(written) * block_size
         return allocated - sum(written.values()), allocated
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise RequestRejected("this model has no chat template; send `prompt` instead of `messages`")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
     def describe(self) -> dict[str, object]:
         return {
             **asdict(self.config),
@@ -330,23 +379,38 @@ class LLMEngine:
             raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
         return wanted
 
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, Chat):
+            ids = self._encode_chat(prompt)
+        elif isinstance(prompt, str):
             if not prompt:
-                raise RequestRejected("the prompt is empty")
+                raise RequestRejected(RejectReason.EMPTY_PROMPT, "the prompt is empty")
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
             ids = list(prompt)
             self._check_token_ids(ids, "prompt token ids")
         if not ids:
-            raise RequestRejected("the prompt is empty")
+            raise RequestRejected(RejectReason.EMPTY_PROMPT, "the prompt is empty")
         return ids
+
+    def _encode_chat(self, chat: Chat) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestRejected(
+                RejectReason.NO_CHAT_TEMPLATE,
+                "this model has no chat template; send `prompt` instead of `messages`",
+            )
+        try:
+            return encode_chat(self.tokenizer, [dict(m) for m in chat.messages])
+        except Exception as exc:  # a template may raise anything (jinja errors, its own raise_exception)
+            raise RequestRejected(RejectReason.BAD_MESSAGES, f"messages: {exc}") from None
 
     def _check_token_ids(self, ids: list[int], what: str) -> None:
         vocab = self.spec.vocab_size
         for t in ids:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                raise RequestRejected(f"{what} must be ints in [0, {vocab}); got {t!r}")
+                raise RequestRejected(
+                    RejectReason.BAD_TOKEN_IDS, f"{what} must be ints in [0, {vocab}); got {t!r}"
+                )
 
     def _resumed_finish_reason(self, request: Request, stream: TextStream) -> str | None:
         """Why a resumed sample had already finished before it was resubmitted (None: it goes on)."""
@@ -356,8 +420,3 @@ class LLMEngine:
             return "stop"
         status = check_stop(request, request.output_token_ids[-1], self.eos_token_ids, self.max_model_len)
         return FINISH_REASONS[status] if status is not None else None
-
-
-def _tokenizer_eos(tokenizer: object) -> frozenset[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return frozenset([eos]) if isinstance(eos, int) else frozenset()

@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
-from engine.attention.backend import get_attention_backend
+from engine.attention.backend import AttentionBackend, get_attention_backend
+from engine.device import resolve_device
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
+from engine.models.config import _dtype, _ids
+from engine.models.registry import is_native
+
+if TYPE_CHECKING:
+    from engine.models.generic.model import TransformersCausalLM
+
+MODEL_IMPLS = ("auto", "native", "transformers")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -47,19 +56,21 @@ def resolve_model_dir(model: str | Path) -> Path:
         ) from e
 
 
-def resolve_dtype(dtype: str | torch.dtype, args: ModelArgs, device: torch.device) -> torch.dtype:
+def resolve_dtype(
+    dtype: str | torch.dtype, checkpoint_dtype: torch.dtype | None, device: torch.device
+) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         # The checkpoint's dtype on CUDA; float32 on the CPU (bf16/fp16 matmuls there are slow or inexact).
-        return (args.torch_dtype or torch.float16) if device.type == "cuda" else torch.float32
+        return (checkpoint_dtype or torch.float16) if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {dtype!r}")
     return _DTYPES[dtype]
 
 
-def read_eos_ids(model_dir: Path, args: ModelArgs) -> frozenset[int]:
-    ids = set(args.eos_token_ids)
+def read_eos_ids(model_dir: Path, config_eos: tuple[int, ...]) -> frozenset[int]:
+    ids = set(config_eos)
     gen = model_dir / "generation_config.json"
     if gen.exists():
         value = json.loads(gen.read_text()).get("eos_token_id")
@@ -127,18 +138,26 @@ def load_model(
     model: str | Path,
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
-    attention_backend: str = "auto",
-) -> tuple[LlamaForCausalLM, ModelSpec]:
-    """Build our model for a HF checkpoint and load its weights. Returns (model in eval mode, spec)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    attention_backend: AttentionBackend | None = None,
+    model_impl: str = "auto",
+) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelSpec]:
+    """Build the model for a HF checkpoint and load its weights. Returns (model in eval mode, spec).
+
+    `attention_backend`: the engine's, resolved once; None (tests, tools) -> the device's default.
+    `model_impl`: "native" (our Llama-family code), "transformers" (the model's own transformers code on our
+    paged attention, engine/models/generic/), or "auto": native for the Llama family, transformers otherwise."""
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
+    device = resolve_device(device)
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    args = ModelArgs.from_hf(json.loads(config_path.read_text()))
-    torch_dtype = resolve_dtype(dtype, args, device)
+    cfg = json.loads(config_path.read_text())
+    if model_impl == "transformers" or (model_impl == "auto" and not is_native(cfg)):
+        return _load_generic(model_dir, cfg, dtype, device, attention_backend)
+    args = ModelArgs.from_hf(cfg)
+    torch_dtype = resolve_dtype(dtype, args.torch_dtype, device)
     # Built on the meta device (no random init, no memory), then materialised empty and filled from disk.
     with torch.device("meta"):
         net = build_model(args).to(torch_dtype)
@@ -146,7 +165,7 @@ def load_model(
     if args.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
     load_weights(net, model_dir)
-    net.attn_backend = get_attention_backend(attention_backend, device)
+    net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
     spec = ModelSpec(
         num_layers=args.num_layers,
@@ -157,6 +176,33 @@ def load_model(
         vocab_size=args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
         dtype=torch_dtype,
-        eos_token_ids=read_eos_ids(model_dir, args),
+        eos_token_ids=read_eos_ids(model_dir, args.eos_token_ids),
+    )
+    return net, spec
+
+
+def _load_generic(
+    model_dir: Path,
+    cfg: dict,
+    dtype: str | torch.dtype,
+    device: torch.device,
+    attention_backend: AttentionBackend | None,
+) -> tuple[TransformersCausalLM, ModelSpec]:
+    from engine.models.generic.load import load_transformers_model
+
+    torch_dtype = resolve_dtype(dtype, _dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
+    net, call = load_transformers_model(model_dir, torch_dtype, device)
+    net.attn_backend = attention_backend or get_attention_backend("auto", device)
+    text = net.hf.config.get_text_config()
+    spec = ModelSpec(
+        num_layers=text.num_hidden_layers,
+        num_heads=call.num_heads,
+        num_kv_heads=call.num_kv_heads,
+        head_dim=call.head_dim,
+        hidden_size=text.hidden_size,
+        vocab_size=net.hf.get_output_embeddings().weight.shape[0],
+        max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
+        dtype=torch_dtype,
+        eos_token_ids=read_eos_ids(model_dir, _ids(cfg.get("eos_token_id"))),
     )
     return net, spec

@@ -1,4 +1,6 @@
 """Back-of-the-envelope capacity plan from config.json alone: weights, KV per token, blocks, concurrency.
+It parses config.json with the engine's ModelArgs (the Llama family) or transformers (every other family,
+engine/models/generic/shape.py) and sizes KV with engine/kv_cache.py's formula.
 
     KV bytes per token = num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
     blocks             = (memory - weights - activation reserve) // (block_size * KV bytes per token)
@@ -7,6 +9,9 @@
 The activation reserve is an estimate of one step's transient tensors: for every batched token the
 hidden state, residual, qkv and the gate/up output (`tokens * (2*hidden + qkv_width + 2*intermediate)`
 elements in the model dtype), plus float32 logits for every sampled row (`max_num_seqs * vocab * 4`).
+
+Sliding-window layers are listed but save nothing here: the engine keeps every block of a sequence until
+it finishes (no block is freed when it slides out of the windows), so KV per token counts every layer.
 """
 
 from __future__ import annotations
@@ -16,6 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.kv_cache import kv_bytes_per_token
+from engine.models.config import ModelArgs
+from engine.models.registry import is_native
+
+if TYPE_CHECKING:
+    from engine.models.generic.shape import GenericShape
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -36,25 +49,37 @@ class Plan:
     # seq_len -> how many sequences of that length fit in the KV pool at once
     concurrency: dict[int, int]
     max_num_seqs: int = 64
+    # Per layer: its sliding window, or None (full attention). Informational: KV bytes do not shrink.
+    layer_windows: tuple[int | None, ...] = ()
 
     @property
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
 
-def count_params(cfg: dict) -> int:
-    """Parameters of a Llama-family config (q/k/v/o, gated MLP, norms, embeddings, optional untied head)."""
-    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    d = cfg.get("head_dim") or h // heads
-    qkv = (heads + 2 * kv_heads) * d
-    qwen2 = cfg.get("model_type") == "qwen2"
-    bias = qkv if qwen2 or cfg.get("attention_bias") else 0
-    qk_norm = 2 * d if cfg.get("model_type") == "qwen3" else 0
-    layer = h * qkv + bias + heads * d * h + 3 * h * inter + 2 * h + qk_norm
-    head = 0 if cfg.get("tie_word_embeddings") else vocab * h
-    return vocab * h + cfg["num_hidden_layers"] * layer + h + head
+def count_params(args: ModelArgs) -> int:
+    """Parameters of a Llama-family model (q/k/v/o, gated MLP, norms, embeddings, optional untied head)."""
+    h, inter, vocab, d = args.hidden_size, args.intermediate_size, args.vocab_size, args.head_dim
+    qkv = (args.num_heads + 2 * args.num_kv_heads) * d
+    bias = qkv if args.qkv_bias else 0
+    qk_norm = 2 * d if args.qk_norm else 0
+    layer = h * qkv + bias + args.num_heads * d * h + 3 * h * inter + 2 * h + qk_norm
+    head = 0 if args.tie_word_embeddings else vocab * h
+    return vocab * h + args.num_layers * layer + h + head
+
+
+def config_layer_windows(cfg: dict) -> tuple[int | None, ...]:
+    """The engine's per-layer windows for a native family; otherwise the generic reading (`layer_types`
+    marks the windowed layers, else `sliding_window` applies to all, unless `use_sliding_window` is false)."""
+    from engine.models.config import UnsupportedModelError, family_of, layer_windows
+
+    try:
+        return layer_windows(cfg, family_of(cfg))
+    except UnsupportedModelError:
+        pass
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    types = cfg.get("layer_types") or ["sliding_attention"] * cfg["num_hidden_layers"]
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def plan(
@@ -73,19 +98,25 @@ def plan(
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
-    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    d = cfg.get("head_dim") or h // heads
-    params = count_params(cfg)
+    args: ModelArgs | GenericShape
+    if is_native(cfg):
+        # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
+        args = ModelArgs.from_hf(cfg)
+        params = count_params(args)
+    else:  # the generic path: transformers reads the config, parameters counted on a meta-device model
+        from engine.models.generic.shape import generic_shape
+
+        args = generic_shape(cfg)
+        params = args.num_params
     weights = params * item
-    per_token = cfg["num_hidden_layers"] * 2 * kv_heads * d * item
+    per_token = kv_bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, item)
     per_block = per_token * block_size
-    qkv = (heads + 2 * kv_heads) * d
-    reserve = max_num_batched_tokens * (2 * h + qkv + 2 * cfg["intermediate_size"]) * item
-    reserve += max_num_seqs * cfg["vocab_size"] * 4
+    qkv = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
+    reserve = max_num_batched_tokens * (2 * args.hidden_size + qkv + 2 * args.intermediate_size) * item
+    reserve += max_num_seqs * args.vocab_size * 4
     budget = max(0, memory_bytes - weights - reserve)
     blocks = budget // per_block
-    model_len = max_model_len or cfg.get("max_position_embeddings", 2048)
+    model_len = max_model_len or args.max_position_embeddings
     if seq_lens is None:  # a short, a medium and a full-length sequence
         seq_lens = sorted({max(1, model_len // 8), max(1, model_len // 2), model_len})
     too_long = [n for n in seq_lens if n > model_len or n < 1]
@@ -106,6 +137,7 @@ def plan(
         dtype=dtype,
         concurrency=concurrency,
         max_num_seqs=max_num_seqs,
+        layer_windows=config_layer_windows(cfg),
     )
 
 
@@ -134,6 +166,13 @@ def format_plan(p: Plan) -> str:
         f"KV pool             {_size(p.kv_budget_bytes)} -> {p.num_blocks} blocks = {p.kv_tokens} tokens",
         f"max_model_len       {p.max_model_len}",
     ]
+    windowed = sorted({w for w in p.layer_windows if w is not None})
+    if windowed:
+        count = sum(w is not None for w in p.layer_windows)
+        lines.append(
+            f"sliding windows     {count} of {len(p.layer_windows)} layers ({', '.join(map(str, windowed))} tokens);"
+            " KV above counts them in full: blocks are not freed as they slide out"
+        )
     if p.num_blocks == 0:
         lines.append("WARNING: the weights and reserve leave no room for the KV cache")
     for n, k in p.concurrency.items():

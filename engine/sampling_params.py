@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from engine.structured.spec import GrammarSpec, ResponseFormat, StructuredOutputs
+
 
 class SamplingParams(BaseModel):
     """How to pick each next token of one request.
@@ -32,6 +34,9 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     # Number of top log-probabilities to return per generated token (the sampled one is always included).
     logprobs: int | None = Field(None, ge=0, le=20)
+    # Constrained decoding (engine/structured/): OpenAI's response_format or vLLM's structured_outputs, not both.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(None, validate_default=True)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -69,6 +74,31 @@ class SamplingParams(BaseModel):
             # n greedy samples would all be identical: almost certainly a mistake.
             raise ValueError("n > 1 needs temperature > 0 (greedy samples would all be the same)")
         return value
+
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_constraint(
+        cls, value: StructuredOutputs | None, info: ValidationInfo
+    ) -> StructuredOutputs | None:
+        fmt = info.data.get("response_format")
+        fmt_constrains = fmt is not None and fmt.type != "text"
+        if value is not None and fmt_constrains:
+            raise ValueError("give response_format or structured_outputs, not both")
+        if value is not None or fmt_constrains:
+            # The grammar allows EOS only where the output may end, and then only EOS: a banned or ignored
+            # EOS would leave no token to sample.
+            if info.data.get("min_tokens"):
+                raise ValueError("min_tokens cannot be combined with a structured output")
+            if info.data.get("ignore_eos"):
+                raise ValueError("ignore_eos cannot be combined with a structured output")
+        return value
+
+    @property
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The output constraint, or None for free text."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.grammar_spec()
+        return self.response_format.grammar_spec() if self.response_format is not None else None
 
     @property
     def is_greedy(self) -> bool:

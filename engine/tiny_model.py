@@ -13,7 +13,11 @@ from typing import Any
 
 import torch
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+from engine.models.registry import TINY_ARCHS
+
+ARCHS = TINY_ARCHS  # every architecture the engine runs has a tiny model
+# Families whose transformers config has a sliding window (transformers' LlamaForCausalLM has none).
+WINDOW_ARCHS = ("mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "phi3")
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}" + BOS + "{{ m['role'] }}\n{{ m['content'] }}" + EOS + "\n{% endfor %}"
@@ -74,17 +78,66 @@ def _train_tokenizer(vocab_size: int):
     )
 
 
-def _config(arch: str, **kw: Any):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+# arch -> (transformers config class, architecture, fixed settings). The first four run on our native code;
+# the rest on the generic path (their own transformers modules), each showing one feature of its family.
+CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),  # full context
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": False}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # Soft-capped attention and logits, alternating sliding/full layers, scaled embeddings, sandwich norms.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {}),
+    # Five sliding layers to one full one, per-layer-type rotary bases, q/k norms.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {}),
+    # Fused qkv and gate/up projections; partial rotary (half of each head).
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.5}),
+    # Norms after attention and MLP, q/k norms over all heads.
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "norm_topk_prob": True},
+    ),
+    # Parallel residual, LayerNorm with bias, partial rotary (a quarter of each head), multi-head KV.
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"partial_rotary_factor": 0.25}),
+}
+# Rotary settings that transformers 5 keeps inside rope_parameters.
+_ROPE_KEYS = ("partial_rotary_factor",)
 
-    classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-    if arch not in classes:
+
+def _config(arch: str, rope: dict[str, Any], windows: dict[str, Any], overrides: dict[str, Any], **kw: Any):
+    import transformers
+
+    # A family in the registry but missing here fails loudly.
+    if arch not in ARCHS or arch not in CONFIGS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
-    if arch == "mistral":
-        kw["sliding_window"] = None  # we attend over the full context
-    if arch == "qwen2":
-        kw["use_sliding_window"] = False
-    return classes[arch](**kw)
+    class_name, architecture, fixed = CONFIGS[arch]
+    settings = {**fixed, **windows, **overrides}
+    rope = {**rope, **{k: settings.pop(k) for k in _ROPE_KEYS if k in settings}}
+    if arch == "gpt_neox":  # multi-head KV, its head size from hidden / heads, LayerNorm
+        for key in ("num_key_value_heads", "head_dim", "rms_norm_eps"):
+            kw.pop(key)
+    if arch != "gemma3" or rope.get("rope_type", "default") != "default":
+        kw["rope_parameters"] = rope  # gemma3 keeps its own per-layer-type bases unless scaling is asked for
+    config = getattr(transformers, class_name)(**kw, **settings)
+    config.architectures = [architecture]
+    return config
+
+
+def _windows(arch: str, sliding_window: int | None, max_window_layers: int) -> dict[str, Any]:
+    """Config fields for a window of `sliding_window` tokens (None: the family's default)."""
+    if sliding_window is None:
+        return {}
+    if arch not in WINDOW_ARCHS or sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 and needs arch in {', '.join(WINDOW_ARCHS)}")
+    if arch in ("qwen2", "qwen3"):
+        return {
+            "use_sliding_window": True,
+            "sliding_window": sliding_window,
+            "max_window_layers": max_window_layers,
+        }
+    return {"sliding_window": sliding_window}  # the layers it applies to: the family's layer_types
 
 
 def make_tiny_model(
@@ -105,12 +158,19 @@ def make_tiny_model(
     rope_theta: float = 10000.0,
     rope_scaling: dict[str, Any] | None = None,
     initializer_range: float = 0.2,
+    sliding_window: int | None = None,
+    max_window_layers: int = 0,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a random `arch` checkpoint to `out_dir` and return the folder.
 
     qwen3 gets head_dim 32 by default (q width != hidden size, as in real Qwen3). `rope_scaling`, e.g.
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64}, is stored the transformers-5 way, as `rope_parameters`.
+    `sliding_window` N: mistral windows every layer; qwen2/qwen3 set `use_sliding_window` and window the
+    layers from index `max_window_layers` on (0: all), as their transformers configs do; the other families
+    window the layers their `layer_types` mark sliding. `config_overrides` sets any other config field (e.g.
+    {"layer_types": [...], "partial_rotary_factor": 0.5}).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -122,6 +182,9 @@ def make_tiny_model(
         head_dim = 32 if arch == "qwen3" else hidden_size // num_heads
     config = _config(
         arch,
+        {"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})},
+        _windows(arch, sliding_window, max_window_layers),
+        dict(config_overrides or {}),
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -133,13 +196,11 @@ def make_tiny_model(
         initializer_range=initializer_range,
         rms_norm_eps=1e-6,
         tie_word_embeddings=bool(tie_word_embeddings),
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})},
         bos_token_id=ids[BOS],
         eos_token_id=ids[EOS],
         pad_token_id=ids[PAD],
         dtype=torch_dtype,
     )
-    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, torch_dtype))
     with torch.no_grad():

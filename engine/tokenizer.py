@@ -7,7 +7,7 @@ apply_chat_template), so the detokenizer and engine use one familiar interface.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,13 @@ def load_tokenizer(model_dir: str | Path, trust_remote_code: bool = False) -> Pr
         ) from e
 
 
-def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir: str | Path | None = None) -> frozenset[int]:
-    """The tokenizer's eos plus every eos named by config.json and generation_config.json in model_dir."""
-    ids = {tokenizer.eos_token_id} if isinstance(tokenizer.eos_token_id, int) else set()
-    for name in ("config.json", "generation_config.json") if model_dir is not None else ():
-        path = Path(model_dir) / name
-        if path.exists():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            ids.update(value if isinstance(value, list) else [] if value is None else [value])
-    return frozenset(int(i) for i in ids)
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_eos_ids: Iterable[int] = ()) -> frozenset[int]:
+    """Every id that ends a sequence: the model's (config.json and generation_config.json, read by the
+    model loader) plus the tokenizer's own eos. The engine calls this once and passes the set down."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return frozenset(int(i) for i in model_eos_ids) | (
+        frozenset([eos]) if isinstance(eos, int) else frozenset()
+    )
 
 
 def render_chat(
@@ -39,9 +37,11 @@ def render_chat(
 ) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template")
-    return tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt
     )
+    assert isinstance(text, str)  # tokenize=False with one conversation renders one string
+    return text
 
 
 def encode_chat(

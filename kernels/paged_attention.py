@@ -9,6 +9,14 @@ rows (GROUP_P = GROUP rounded up to a power of two), so each K/V tile is read on
 It walks the sequence's block table one cache block (BLOCK_N = block_size positions) at a time with an
 online softmax in fp32. Query token i of sequence s sits at position seq_len - q_len + i and sees keys
 0 .. that position. Programs whose q block is past the sequence's q_len exit at once.
+
+Options (per launch, so per layer):
+- `window` W: a query at position p sees only keys p - W < j <= p (transformers' `sliding_window`). The
+  walk starts at the tile holding the oldest key the q block's first query still sees, so tiles wholly
+  below every row's window are never loaded: a windowed program reads at most
+  cdiv(W + BLOCK_Q - 1, BLOCK_N) + 1 tiles, whatever the context length.
+- `softcap` c: logits x = q.k * scale become c * tanh(x / c) before the softmax (Gemma 2). tanh is
+  written as 2 * sigmoid(2x) - 1, which every Triton backend (and the interpreter) has.
 """
 
 from __future__ import annotations
@@ -36,7 +44,9 @@ def _paged_attention_kernel(
     block_tables_ptr,  # [S, max_blocks] int32
     seq_lens_ptr,  # [S] int32
     query_start_loc_ptr,  # [S + 1] int32
-    scale_log2,  # softmax scale * log2(e): scores go through exp2
+    qk_scale,  # scale * log2(e) (scores go through exp2); with SOFTCAP: scale / softcap
+    softcap_log2,  # softcap * log2(e); read only with SOFTCAP
+    window,  # sliding window W; read only with WINDOWED
     stride_qt,
     stride_qh,
     stride_ot,
@@ -46,7 +56,7 @@ def _paged_attention_kernel(
     stride_ch,
     stride_bt,
     head_dim,
-    max_tiles,  # cdiv(max_seq_len, BLOCK_N): host-side loop bound, used when LOOP_FROM_ARG
+    max_tiles,  # host-side bound on the tiles one program walks, used when LOOP_FROM_ARG
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -55,6 +65,8 @@ def _paged_attention_kernel(
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     LOOP_FROM_ARG: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_P
     seq = tl.program_id(0)
@@ -85,6 +97,9 @@ def _paged_attention_kernel(
     # Keys this q block can see: up to the position of its last query token.
     kv_end = prefix + tl.minimum(q_len, (q_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(kv_end, BLOCK_N)
+    first_tile = 0
+    if WINDOWED:  # oldest key the q block's first query sees; every later row sees only newer keys
+        first_tile = tl.maximum(prefix + q_block * BLOCK_Q - window + 1, 0) // BLOCK_N
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows give p = 0, not NaN
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -92,12 +107,14 @@ def _paged_attention_kernel(
     n = tl.arange(0, BLOCK_N)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_col = kv_head.to(tl.int64) * stride_ch + n[:, None].to(tl.int64) * stride_cs + d[None, :]  # [N, D]
-    # Compiled: stop at this q block's last tile. Interpreted: scalar bound, extra tiles masked.
+    # Compiled: from first_tile to this q block's last tile. Interpreted: scalar trip count, extra tiles
+    # masked (their block id loads as 0 and every key is masked out).
     if LOOP_FROM_ARG:
         loop_end = max_tiles
     else:
-        loop_end = num_tiles
-    for tile in range(0, loop_end):
+        loop_end = num_tiles - first_tile
+    for i in range(0, loop_end):
+        tile = first_tile + i
         block = tl.load(table + tile, mask=tile < num_tiles, other=0).to(tl.int64)
         kv_pos = tile * BLOCK_N + n  # [BLOCK_N]
         kv_mask = (kv_pos < kv_end)[:, None] & d_ok[None, :]
@@ -107,8 +124,13 @@ def _paged_attention_kernel(
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-        s = tl.where(kv_pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:  # s was logits / softcap: c * tanh(s), in the log2 domain
+            s = softcap_log2 * (2.0 * tl.sigmoid(2.0 * s) - 1.0)
+        visible = kv_pos[None, :] <= q_pos[:, None]
+        if WINDOWED:
+            visible = visible & (q_pos[:, None] - kv_pos[None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -168,6 +190,27 @@ def validate_attention_args(
     return out
 
 
+def options(scale: float, window: int | None, softcap: float | None) -> tuple[float, float, int]:
+    """Validate the window/softcap options; return the kernels' (qk_scale, softcap_log2, window) args."""
+    check(
+        window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
+        f"window must be None or an int >= 1, got {window!r}",
+    )
+    check(softcap is None or softcap > 0, f"softcap must be None or > 0, got {softcap!r}")
+    if softcap is None:
+        return scale * LOG2E, 0.0, window or 0
+    return scale / softcap, softcap * LOG2E, window or 0
+
+
+def window_tiles(window: int | None, max_seq_len: int, span: int, block_size: int) -> int:
+    """Most cache tiles one program walks when its `span` consecutive queries see `window` keys each."""
+    all_tiles = triton.cdiv(max_seq_len, block_size)
+    if window is None:
+        return all_tiles
+    # window + span - 1 consecutive keys, starting anywhere inside a tile: one more tile than aligned
+    return min(all_tiles, triton.cdiv(window + span - 1, block_size) + 1)
+
+
 def dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
     """(upcast to fp32 before tl.dot, input_precision): the interpreter's fp16/bf16 dot is broken, and
     fp32 inputs would silently run as tf32 on GPUs."""
@@ -187,8 +230,12 @@ def paged_attention(
     max_seq_len: int,
     scale: float,
     out: torch.Tensor | None = None,  # [T, Hq, D], dtype of query
+    *,
+    window: int | None = None,  # sliding window (keys p - window < j <= p); None: full causal
+    softcap: float | None = None,  # logits -> softcap * tanh(logits / softcap); None: off
 ) -> torch.Tensor:
     out = validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, out)
+    qk_scale, softcap_log2, window_arg = options(scale, window, softcap)
     num_seqs = seq_lens.shape[0]
     check(
         query_start_loc.dtype == torch.int32 and query_start_loc.shape == (num_seqs + 1,),
@@ -206,6 +253,10 @@ def paged_attention(
     if block_q * group_p < 16:
         block_q = 16 // group_p
     dot_fp32, precision = dot_settings(query.dtype)
+    block_d = max(16, next_pow2(head_dim))
+    # Tall query tiles and wide K/V tiles spill registers at 4 warps on sm_80/89/90 (found by
+    # kernels/compile_check.py: up to 344 B at BLOCK_M 64, block 128); 8 warps spread them over twice the threads.
+    num_warps = 8 if block_q * group_p >= 64 or block_size * block_d >= 8192 else 4
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _paged_attention_kernel[grid](
         query,
@@ -215,7 +266,9 @@ def paged_attention(
         block_tables,
         seq_lens,
         query_start_loc,
-        scale * LOG2E,
+        qk_scale,
+        softcap_log2,
+        window_arg,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -225,23 +278,38 @@ def paged_attention(
         k_cache.stride(2),
         block_tables.stride(0),
         head_dim,
-        triton.cdiv(max_seq_len, block_size),
+        window_tiles(window, max_seq_len, block_q, block_size),
         GROUP=group,
         GROUP_P=group_p,
         BLOCK_Q=block_q,
         BLOCK_N=block_size,
-        BLOCK_D=max(16, next_pow2(head_dim)),
+        BLOCK_D=block_d,
         DOT_FP32=dot_fp32,
         PRECISION=precision,
         LOOP_FROM_ARG=LOOP_BOUND_FROM_ARG,
+        WINDOWED=window is not None,
+        SOFTCAP=softcap is not None,
+        num_warps=num_warps,
     )
     return out
 
 
 def paged_attention_ref(
-    query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, max_query_len, max_seq_len, scale
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    max_query_len,
+    max_seq_len,
+    scale,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Pure torch, one sequence at a time: gather its K/V from the block table, causal softmax in fp32."""
+    """Pure torch, one sequence at a time: gather its whole K/V from the block table, mask (causal, and
+    the window), soft-cap, softmax in fp32. Deliberately skips nothing, unlike the kernels."""
     out = torch.empty_like(query)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = query.shape[1] // num_kv_heads
@@ -255,8 +323,13 @@ def paged_attention_ref(
         v = v_cache[blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
         q = query[q0:q1].float()  # [q_len, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        q_pos = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
-        visible = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        q_pos = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)[:, None]
+        k_pos = torch.arange(seq_len, device=query.device)[None, :]
+        visible = k_pos <= q_pos
+        if window is not None:
+            visible &= q_pos - k_pos < window
         scores = scores.masked_fill(~visible, float("-inf"))
         out[q0:q1] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
     return out

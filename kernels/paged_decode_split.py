@@ -12,6 +12,10 @@ sequence's context is split so more programs stream K/V at once:
 
 The partition loop runs `tiles_per_split` iterations, a scalar argument, with tiles past the
 sequence masked: no loop bound is loaded from memory (triton 3.6 + numpy 2.4 interpreter bug).
+
+With a sliding window W the query (position seq_len - 1) sees keys seq_len - W .. seq_len - 1 only, so
+the splits cut that range, not the whole context: split j starts at the tile holding the oldest visible
+key plus j * tiles_per_split, and nothing below the window is read. Soft-capping as in paged_attention.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, next_pow2
-from kernels.paged_attention import LOG2E, dot_settings, validate_attention_args
+from kernels.paged_attention import dot_settings, options, validate_attention_args, window_tiles
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, reduce) dominates
 MAX_SPLITS = 64
@@ -49,7 +53,9 @@ def _decode_partition_kernel(
     m_ptr,  # [S, Hq, SPLITS] fp32
     l_ptr,  # [S, Hq, SPLITS] fp32
     acc_ptr,  # [S, Hq, SPLITS, BLOCK_D] fp32, contiguous
-    scale_log2,
+    qk_scale,  # scale * log2(e); with SOFTCAP: scale / softcap
+    softcap_log2,  # softcap * log2(e); read only with SOFTCAP
+    window,  # read only with WINDOWED
     stride_qt,
     stride_qh,
     stride_cb,
@@ -66,12 +72,17 @@ def _decode_partition_kernel(
     BLOCK_D: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     seq_tiles = tl.cdiv(seq_len, BLOCK_N)
+    kv_lo = 0  # oldest visible key
+    if WINDOWED:
+        kv_lo = tl.maximum(seq_len - window, 0)
 
     g = tl.arange(0, BLOCK_M)  # rows: query heads of this KV head's group, padded to >= 16
     row_ok = g < GROUP
@@ -89,19 +100,21 @@ def _decode_partition_kernel(
     n = tl.arange(0, BLOCK_N)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     kv_col = kv_head.to(tl.int64) * stride_ch + n[:, None].to(tl.int64) * stride_cs + d[None, :]
-    first = split * tiles_per_split
+    first = kv_lo // BLOCK_N + split * tiles_per_split
     for i in range(0, tiles_per_split):
         tile = first + i
         block = tl.load(table + tile, mask=tile < seq_tiles, other=0).to(tl.int64)
         kv_pos = tile * BLOCK_N + n
-        kv_ok = kv_pos < seq_len
+        kv_ok = (kv_pos < seq_len) & (kv_pos >= kv_lo)
         offs = block * stride_cb + kv_col
         k = tl.load(k_cache_ptr + offs, mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(v_cache_ptr + offs, mask=kv_ok[:, None] & d_ok[None, :], other=0.0)
         if DOT_FP32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:
+            s = softcap_log2 * (2.0 * tl.sigmoid(2.0 * s) - 1.0)
         s = tl.where(kv_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
@@ -156,8 +169,12 @@ def paged_decode_split(
     scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,
+    *,
+    window: int | None = None,  # sliding window (keys p - window < j <= p); None: full causal
+    softcap: float | None = None,  # logits -> softcap * tanh(logits / softcap); None: off
 ) -> torch.Tensor:
     out = validate_attention_args(query, k_cache, v_cache, block_tables, seq_lens, max_seq_len, out)
+    qk_scale, softcap_log2, window_arg = options(scale, window, softcap)
     num_seqs = seq_lens.shape[0]
     check(
         query.shape[0] == num_seqs,
@@ -170,7 +187,8 @@ def paged_decode_split(
     num_q_heads = query.shape[1]
     group = num_q_heads // num_kv_heads
     block_d = max(16, next_pow2(head_dim))
-    tiles_per_split = triton.cdiv(triton.cdiv(max_seq_len, block_size), num_splits)
+    # Tiles one sequence's visible keys can span: all of them, or those under the window.
+    tiles_per_split = triton.cdiv(window_tiles(window, max_seq_len, 1, block_size), num_splits)
     m = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=query.device)
     l_part = torch.empty_like(m)
     acc = torch.empty((num_seqs, num_q_heads, num_splits, block_d), dtype=torch.float32, device=query.device)
@@ -184,7 +202,9 @@ def paged_decode_split(
         m,
         l_part,
         acc,
-        scale * LOG2E,
+        qk_scale,
+        softcap_log2,
+        window_arg,
         query.stride(0),
         query.stride(1),
         k_cache.stride(0),
@@ -201,6 +221,8 @@ def paged_decode_split(
         BLOCK_D=block_d,
         DOT_FP32=dot_fp32,
         PRECISION=precision,
+        WINDOWED=window is not None,
+        SOFTCAP=softcap is not None,
     )
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
         m,

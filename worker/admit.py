@@ -3,8 +3,9 @@ worth of commands folded into the loop's rounds.
 
 Round k (this module's `add`): parse the payload; then for a well-formed job, in the same round
     SET owner NX GET (lease.py), HGET attempts, XRANGE out:<id> (resume.py), EXISTS cancel:<id>.
-Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1,
-including HINCRBY attempts for a job that runs (round k+1 is sent before the step that runs it).
+Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1 (the
+round being built, handed to `_decide` by `Round.dispatch`), including HINCRBY attempts for a job that
+runs (round k+1 is sent before the step that runs it).
 """
 
 from __future__ import annotations
@@ -13,17 +14,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
 import structlog
 from pydantic import ValidationError
 
+from engine.client import EngineClient
+from engine.errors import RequestRejected
+from engine.prompt import Chat, Prompt
+from engine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.errors import ErrorCode, JobError
 from worker.intake import parse_entry
 from worker.keys import JOB_FIELD
 from worker.lease import add_acquire, add_release
-from worker.limits import check_prompt_tokens
 from worker.protocol import Job
-from worker.publish import add_ack, add_failure
+from worker.refuse import add_ack, add_failure
+from worker.rejections import job_error
 from worker.resume import read_resume
 from worker.round import Round
 from worker.state import InFlight
@@ -43,15 +49,15 @@ class Admitter:
     def __init__(
         self,
         cfg: WorkerConfig,
-        engine,
-        next_round: Callable[[], Round],
+        engine: EngineClient,
         running: Callable[[str], InFlight | None],
         on_admitted: Callable[[InFlight], None],
         on_outcome: Callable[[str], None],
+        on_full: Callable[[Arrived, Exception], None],
     ) -> None:
         self.cfg, self.engine = cfg, engine
-        self.next_round, self.running = next_round, running
-        self.on_admitted, self.on_outcome = on_admitted, on_outcome
+        self.running = running
+        self.on_admitted, self.on_outcome, self.on_full = on_admitted, on_outcome, on_full
 
     def add(self, rnd: Round, arrived: Arrived) -> None:
         cfg = self.cfg
@@ -72,21 +78,30 @@ class Admitter:
             return
         replies: list = []
         out, cancel = cfg.keys.out(job.id), cfg.keys.cancel(job.id)
-        add_acquire(rnd, cfg, job.id, replies.append)
-        rnd.add(lambda p: p.hget(cfg.keys.attempts, job.id), replies.append)
-        rnd.add(lambda p: p.xrange(out, count=cfg.stream_maxlen), replies.append)
-        rnd.add(lambda p: p.exists(cancel), lambda r: self._decide(arrived, job, raw, [*replies, r]))
+        keep = lambda reply, _into: replies.append(reply)  # noqa: E731
+        add_acquire(rnd, cfg, job.id, keep)
+        rnd.add(lambda p: p.hget(cfg.keys.attempts, job.id), keep)
+        rnd.add(lambda p: p.xrange(out, count=cfg.stream_maxlen), keep)
+        rnd.add(
+            lambda p: p.exists(cancel), lambda r, into: self._decide(arrived, job, raw, [*replies, r], into)
+        )
 
-    def _decide(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
+    def _decide(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list, into: Round) -> None:
         try:
-            self._decide_or_raise(arrived, job, raw, replies)
+            self._decide_or_raise(arrived, job, raw, replies, into)
         except Exception as exc:  # whatever a client sent, the worker goes on serving
             log.exception("unexpected error admitting a job", request_id=job.id)
             error = JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500], job.id)
-            self._refuse(self.next_round(), arrived, error, raw, owned=True)
+            self._refuse(into, arrived, error, raw, owned=True)
 
-    def _decide_or_raise(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
-        cfg, nxt = self.cfg, self.next_round()
+    def _decide_or_raise(
+        self, arrived: Arrived, job: Job, raw: bytes | None, replies: list, nxt: Round
+    ) -> None:
+        cfg = self.cfg
+        full = next((r for r in replies if isinstance(r, redis.OutOfMemoryError)), None)
+        if full is not None:  # Redis is full: decide nothing, try again once it has room
+            self.on_full(arrived, full)
+            return
         owner, started, entries, cancelled = replies
         local = self.running(job.id)
         if local is not None or (owner is not None and owner != cfg.consumer.encode()):
@@ -146,46 +161,35 @@ class Admitter:
             state.stop_reason = "cancel"
 
     def _start(self, job: Job, prior: list[list[int]] | None) -> None:
-        from engine.sampling_params import SamplingParams
-
         try:
             params = SamplingParams(**job.sampling_kwargs())
         except ValidationError as exc:
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(map(str, first["loc"])) or "params"
             raise JobError(ErrorCode.INVALID_PARAMS, f"{where}: {first['msg']}", job.id) from None
-        prompt = self._prompt(job)
         try:
+            # The engine templates, tokenizes and checks the prompt's length and any response_format /
+            # structured_outputs (parsed by the grammar engine: invalid_params); the worker never tokenizes.
             self.engine.add_request(
-                job.id, prompt, params, priority=job.priority, prior_output_token_ids=prior
+                job.id, _prompt(job), params, priority=job.priority, prior_output_token_ids=prior
             )
-        except ValueError as exc:  # engine.RequestRejected is a ValueError
-            raise JobError(ErrorCode.REJECTED, str(exc) or type(exc).__name__, job.id) from None
+        except RequestRejected as rejected:
+            raise job_error(rejected, job.id) from None
         except Exception as exc:  # an engine bug must not take the worker down with it
             log.exception("add_request failed", request_id=job.id)
             raise JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", job.id) from None
-
-    def _prompt(self, job: Job) -> str | list[int]:
-        limit = self.engine.max_model_len - 1  # room for at least one generated token
-        if self.cfg.limits.max_prompt_tokens is not None:
-            limit = min(limit, self.cfg.limits.max_prompt_tokens)
-        tokenizer = self.engine.tokenizer
-        if job.prompt_token_ids is not None:
-            check_prompt_tokens(len(job.prompt_token_ids), limit, job.id)
-            return list(job.prompt_token_ids)
-        if job.messages is not None:
-            try:
-                prompt = self.engine.apply_chat_template([m.model_dump() for m in job.messages])
-            except Exception as exc:
-                raise JobError(ErrorCode.INVALID_JOB, f"messages: {exc}", job.id) from None
-        else:
-            prompt = job.prompt
-        # A token covers at least one byte, so a short prompt needs no tokenizing here (the engine will).
-        if len(prompt.encode()) + 2 > limit:
-            check_prompt_tokens(len(tokenizer.encode(prompt)), limit, job.id)
-        return prompt
 
     def _refuse(self, rnd: Round, arrived: Arrived, error: JobError, raw: bytes | None, owned: bool) -> None:
         log.warning("job refused", request_id=error.job_id, code=error.code.value, reason=error.message)
         add_failure(rnd, self.cfg, arrived.entry_id, error, raw, owned)
         self.on_outcome(error.code.value)
+
+
+def _prompt(job: Job) -> Prompt:
+    """The job's prompt as the engine takes it: token ids, text, or chat messages (exactly one is set)."""
+    if job.prompt_token_ids is not None:
+        return list(job.prompt_token_ids)
+    if job.messages is not None:
+        return Chat([m.model_dump() for m in job.messages])
+    assert job.prompt is not None  # the protocol model requires exactly one of the three
+    return job.prompt

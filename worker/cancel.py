@@ -26,7 +26,8 @@ class CancelListener:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=3)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=3)
 
     def take(self) -> set[str]:
         with self._lock:

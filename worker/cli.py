@@ -1,23 +1,43 @@
 """`conveyor` command line: worker, submit, demo, make-tiny-model, plan.
 
 Every option can also come from the environment: CONVEYOR_<OPTION> (e.g. CONVEYOR_REDIS_URL,
-CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>.
+CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>. The worker's engine and worker options are
+made from EngineConfig, WorkerConfig and Limits (worker/cli_options.py): defaults and help live there.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import redis
 
+from engine.config import EngineConfig, literal_choices
+from engine.models.registry import TINY_ARCHS
+from worker.cli_options import config_defaults, config_options, opt, pop_config_kwargs
+from worker.config import WorkerConfig
+from worker.keys import Keys
+from worker.limits import Limits
 from worker.sizes import parse_size
 
+ENGINE_DEFAULTS = config_defaults(EngineConfig)
+# `conveyor plan` sizes for a concrete dtype: every engine dtype but "auto".
+PLAN_DTYPES = [d for d in literal_choices(EngineConfig, "dtype") or () if d != "auto"]
+# Fields that are not options of their own: the group comes from --group (default: from the model), the
+# keys and limits from their own dataclasses' options.
+WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
+# `conveyor submit` writes to the requests stream only.
+CLIENT_KEYS_NOT_OPTIONS = ("dead_stream",)
 
-def opt(*decls: str, **kwargs):
-    """click.option with CONVEYOR_<NAME> and CONVEYOR_WORKER_<NAME> environment variables."""
-    name = max((d for d in decls if d.startswith("--")), key=len).lstrip("-").split("/")[0]
-    env = name.upper().replace("-", "_")
-    kwargs.setdefault("show_default", True)
-    return click.option(*decls, envvar=[f"CONVEYOR_{env}", f"CONVEYOR_WORKER_{env}"], **kwargs)
+
+def _redis_url_option(ctx, param, value: str) -> str:
+    """A URL redis-py cannot use fails here, with exit code 2, before any model is loaded."""
+    from worker.preflight import check_url
+
+    try:
+        return check_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def redis_options(f):
@@ -27,13 +47,13 @@ def redis_options(f):
                 "--redis-url",
                 default="redis://localhost:6379/0",
                 help="redis://, rediss:// (TLS); user:password@ for ACL",
+                callback=_redis_url_option,
             ),
             opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
             opt("--redis-keyfile", default=None, help="TLS: client key"),
             opt("--redis-cert-reqs", type=click.Choice(["required", "optional", "none"]), default=None),
-            opt("--prefix", default="conveyor", help="key prefix"),
-            opt("--stream", default="", help="requests stream (default <prefix>:requests)"),
+            config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS),
         ]
     ):
         f = decorator(f)
@@ -54,50 +74,13 @@ def main() -> None:
     """Conveyor: LLM inference workers fed by Redis Streams."""
 
 
-def engine_options(f):
-    decorators = [
-        opt("--model", required=True, help="checkpoint folder, hub id, or tiny[:llama|mistral|qwen2|qwen3]"),
-        opt("--block-size", type=int, default=16),
-        opt("--max-num-seqs", type=int, default=64),
-        opt("--max-num-batched-tokens", type=int, default=2048),
-        opt("--max-model-len", type=int, default=None),
-        opt("--num-kv-blocks", type=int, default=None),
-        opt("--kv-cache-memory", type=float, default=None, help="bytes, or a fraction of free GPU memory"),
-        opt("--enable-prefix-caching/--no-enable-prefix-caching", default=True),
-        opt("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto"),
-        opt("--device", default="auto"),
-        opt("--scheduling", type=click.Choice(["continuous", "static"]), default="continuous"),
-        opt("--scheduling-policy", type=click.Choice(["fcfs", "priority"]), default="fcfs"),
-        opt("--attention-backend", type=click.Choice(["auto", "torch", "triton"]), default="auto"),
-    ]
-    for decorator in reversed(decorators):
-        f = decorator(f)
-    return f
-
-
-ENGINE_KEYS = (
-    "block_size max_num_seqs max_num_batched_tokens max_model_len num_kv_blocks kv_cache_memory "
-    "enable_prefix_caching dtype device scheduling scheduling_policy attention_backend"
-).split()
-
-
 @main.command()
-@engine_options
+@config_options(EngineConfig)
 @redis_options
-@opt("--dead-stream", default="", help="dead-letter stream (default <prefix>:dead)")
+@config_options(Keys, exclude=("prefix", "requests_stream"))
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
-@opt(
-    "--consumer", default=None, help="consumer name (default: <host>-<pid>); reuse it to resume pending jobs"
-)
-@opt("--max-wait-ms", type=int, default=0, help="idle: gather arriving jobs this long before the first step")
-@opt("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight jobs after SIGTERM")
-@opt("--lease-ms", type=int, default=15_000, help="jobs idle this long under a silent worker are taken over")
-@opt("--max-attempts", type=int, default=3)
-@opt("--stream-maxlen", type=int, default=100_000, help="cap on each output stream's length")
-@opt("--stream-ttl", type=int, default=3600, help="seconds an output stream lives after its last event")
-@opt("--max-payload-bytes", type=int, default=1 << 20)
-@opt("--max-prompt-tokens", type=int, default=None)
-@opt("--max-tokens-limit", type=int, default=None, help="largest max_tokens a job may ask for")
+@config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
+@config_options(Limits)
 @opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
 @opt(
     "--torch-threads",
@@ -106,37 +89,40 @@ ENGINE_KEYS = (
     help="torch intra-op threads (0: torch's default, one per core)",
 )
 @opt("--log-level", default="info")
-def worker(**kw) -> None:
+def worker(**kw: Any) -> None:
     """Serve jobs from the requests stream until SIGTERM (drain) or a second signal (exit at once)."""
     import signal
 
     from engine import LLMEngine
     from worker import logs
-    from worker.config import WorkerConfig, default_consumer
-    from worker.keys import Keys, group_name
-    from worker.limits import Limits
+    from worker.consumer_lease import ConsumerNameTaken
+    from worker.keys import group_name
     from worker.loop import Worker
+    from worker.preflight import PreflightError, check_eviction_policy, wait_reachable
     from worker.tiny import resolve_model
 
     logs.configure(kw.pop("log_level"))
-    model = resolve_model(kw.pop("model"))
+    engine_kw = pop_config_kwargs(EngineConfig, kw)
+    url = kw["redis_url"]
+    client = _client(kw)
+    try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
+        wait_reachable(client, url)
+        check_eviction_policy(client, kw["allow_eviction"])
+    except PreflightError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except redis.AuthenticationError as exc:
+        raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
+    model = resolve_model(engine_kw.pop("model"))
     if threads := kw.pop("torch_threads"):
         import torch
 
         torch.set_num_threads(threads)
-    engine = LLMEngine(model, **{k: kw.pop(k) for k in ENGINE_KEYS})
-    client = _client(kw)
+    engine = LLMEngine(model, **engine_kw)
     cfg = WorkerConfig(
         group=kw["group"] or group_name(model),
-        consumer=kw["consumer"] or default_consumer(),
-        keys=Keys(kw["prefix"], kw["stream"], kw["dead_stream"]),
-        limits=Limits(kw["max_payload_bytes"], kw["max_prompt_tokens"], kw["max_tokens_limit"]),
-        lease_ms=kw["lease_ms"],
-        max_attempts=kw["max_attempts"],
-        max_wait_ms=kw["max_wait_ms"],
-        drain_timeout_s=kw["drain_timeout"],
-        stream_maxlen=kw["stream_maxlen"],
-        stream_ttl_s=kw["stream_ttl"],
+        keys=Keys(**pop_config_kwargs(Keys, kw)),
+        limits=Limits(**pop_config_kwargs(Limits, kw)),
+        **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
     w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
@@ -147,6 +133,8 @@ def worker(**kw) -> None:
         w.run()
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
+    except ConsumerNameTaken as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()
@@ -163,9 +151,8 @@ def submit(prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, **
     import uuid
 
     from worker.client import enqueue, events
-    from worker.keys import Keys
 
-    keys = Keys(kw.pop("prefix"), kw.pop("stream"))
+    keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
     client = _client(kw)
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
@@ -195,7 +182,7 @@ def submit(prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, **
 )
 @opt("--jobs", type=int, default=4)
 @opt("--max-tokens", type=int, default=48)
-@opt("--arch", type=click.Choice(["llama", "mistral", "qwen2", "qwen3"]), default="llama")
+@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
 def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
     """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side."""
     from worker.demo import run_demo
@@ -205,14 +192,18 @@ def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
 
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], show_default=True)
 @click.option(
-    "--arch", type=click.Choice(["llama", "mistral", "qwen2", "qwen3"]), default="llama", show_default=True
+    "--sliding-window",
+    type=click.IntRange(min=1),
+    default=None,
+    help="attend to the last N positions (mistral, qwen2, qwen3: every layer; gemma2/3: their sliding layers)",
 )
-def make_tiny_model_cmd(out_dir: str, arch: str) -> None:
+def make_tiny_model_cmd(out_dir: str, arch: str, sliding_window: int | None) -> None:
     """Write a small random checkpoint with its tokenizer (no downloads)."""
     from engine.tiny_model import make_tiny_model
 
-    click.echo(str(make_tiny_model(out_dir, arch=arch)))
+    click.echo(str(make_tiny_model(out_dir, arch=arch, sliding_window=sliding_window)))
 
 
 def _size_option(ctx, param, value):
@@ -226,12 +217,12 @@ def _size_option(ctx, param, value):
 @click.option("--model", required=True, help="checkpoint folder or its config.json")
 @click.option("--memory", required=True, callback=_size_option, help="e.g. 80GiB, 512MiB")
 @click.option("--max-model-len", type=int, default=None)
+@click.option("--dtype", type=click.Choice(PLAN_DTYPES), default="bfloat16", show_default=True)
+@click.option("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"], show_default=True)
+@click.option("--max-num-seqs", type=int, default=ENGINE_DEFAULTS["max_num_seqs"], show_default=True)
 @click.option(
-    "--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="bfloat16", show_default=True
+    "--max-num-batched-tokens", type=int, default=ENGINE_DEFAULTS["max_num_batched_tokens"], show_default=True
 )
-@click.option("--block-size", type=int, default=16, show_default=True)
-@click.option("--max-num-seqs", type=int, default=64, show_default=True)
-@click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True)
 @click.option(
     "--seq-len", "seq_lens", type=int, multiple=True, help="sequence lengths to size for (repeatable)"
 )
@@ -253,6 +244,28 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
     except (OSError, KeyError, ValueError) as exc:
         raise click.ClickException(f"cannot plan for {model}: {exc}") from exc
     click.echo(format_plan(result))
+
+
+@main.command("batch")
+@click.option("-i", "--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False))
+@redis_options
+@opt("--errors-file", default=None, type=click.Path(dir_okay=False), help="also append failed lines here")
+@opt("--max-in-flight", type=int, default=256, help="jobs enqueued and not yet answered, at most")
+@opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
+def batch_cmd(input_path: str, output_path: str, errors_file, max_in_flight: int, progress, **kw) -> None:
+    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
+    from worker.batch.runner import BatchRunner
+    from worker.keys import Keys
+
+    keys = Keys(kw.pop("prefix"), kw.pop("stream"))
+    runner = BatchRunner(_client(kw), keys, max_in_flight=max_in_flight, progress=progress)
+    s = runner.run(input_path, output_path, errors_file)
+    click.echo(
+        f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
+        f"{s.completion_tokens} completion tokens",
+        err=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The worker's own settings (the engine's are LLMEngine's keyword arguments)."""
+"""The worker's own settings (the engine's are EngineConfig's, LLMEngine's keyword arguments)."""
 
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from worker.keys import Keys
 from worker.limits import Limits
@@ -15,23 +16,41 @@ def default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def knob(default: Any, help: str, cli: str | None = None) -> Any:
+    """A config field with its command-line help (and option name, when not the field's own)."""
+    return field(default=default, metadata={"help": help, **({"cli": cli} if cli else {})})
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
+    """The worker's settings; each field but group, keys and limits is also a `conveyor worker` option
+    (worker/cli_options.py), and Limits' fields are too."""
+
     group: str
-    consumer: str = field(default_factory=default_consumer)
+    consumer: str = field(
+        default_factory=default_consumer,
+        metadata={"help": "consumer name (default: <host>-<pid>); reuse it to resume pending jobs"},
+    )
     keys: Keys = field(default_factory=Keys)
     limits: Limits = field(default_factory=Limits)
-    # A job's lease: renewed every lease_ms / 3; a job idle longer than this is claimed by another worker.
-    lease_ms: int = 15_000
-    max_attempts: int = 3
-    # Idle worker: how long to gather arriving jobs before the first step (0: start at once).
-    max_wait_ms: int = 0
-    # Longest single blocking read while idle (the loop wakes to renew leases and look for stop signals).
-    block_ms: int = 1000
-    drain_timeout_s: float = 30.0
-    stream_maxlen: int = 100_000  # per output stream; must exceed any job's event count for resume to work
-    stream_ttl_s: int = 3600
-    dead_maxlen: int = 100_000
+    lease_ms: int = knob(
+        15_000,
+        "a job's lease, renewed every lease_ms / 3: jobs idle this long under a silent worker are taken over",
+    )
+    max_attempts: int = knob(3, "attempts at a job (crashes included) before it is dead-lettered")
+    max_wait_ms: int = knob(0, "idle: gather arriving jobs this long before the first step")
+    block_ms: int = knob(
+        1000, "longest blocking read while idle (the loop wakes to renew leases and look for stop signals)"
+    )
+    drain_timeout_s: float = knob(30.0, "seconds to finish in-flight jobs after SIGTERM", cli="drain-timeout")
+    stream_maxlen: int = knob(
+        100_000, "cap on each output stream's length; must exceed any job's event count for resume to work"
+    )
+    stream_ttl_s: int = knob(3600, "seconds an output stream lives after its last event", cli="stream-ttl")
+    dead_maxlen: int = knob(100_000, "cap on the dead-letter stream's length")
+    allow_eviction: bool = knob(
+        False, "run on a Redis whose maxmemory-policy may evict keys (jobs and events can be lost)"
+    )
 
     def __post_init__(self) -> None:
         if self.lease_ms < 300:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import redis
 import structlog
+
+from worker.redis_health import RedisHealth
 
 log = structlog.get_logger("conveyor.redis")
 T = TypeVar("T")
@@ -64,24 +66,53 @@ class Backoff:
         self.failures = 0
 
 
+class Waiter(Protocol):
+    """What a retry loop asks of whoever may stop it (worker.stop.StopFlag)."""
+
+    def expired(self) -> bool: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class _NeverStop:
+    def expired(self) -> bool:
+        return False
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
 def with_retry(
     action: Callable[[], T],
     what: str,
-    should_stop: Callable[[], bool] = lambda: False,
+    stop: Waiter | None = None,
     backoff: Backoff | None = None,
+    health: RedisHealth | None = None,
 ) -> T:
-    """Run `action` until Redis answers. Logs once per failure with the delay; gives up only when told to stop."""
+    """Run `action` until Redis answers. Unreachable (DOWN_ERRORS) and full (OOM under noeviction) are
+    waited out with back-off; a refused password is not. Gives up only when `stop` has expired, raising
+    StopRequested with the last Redis error as its cause. (Whether Redis has room again is for the caller
+    to say: an EXEC that went through may still hold commands refused for lack of memory.)"""
+    from worker.stop import StopRequested
+
+    stop = stop or _NeverStop()
     backoff = backoff or Backoff()
+    health = health or RedisHealth()
     while True:
         try:
             result = action()
-        except DOWN_ERRORS as exc:
+        except (*DOWN_ERRORS, redis.OutOfMemoryError) as exc:
             # A refused password or ACL user will not get better by waiting: fail with the reason.
-            if should_stop() or isinstance(exc, redis.AuthenticationError):
+            if isinstance(exc, redis.AuthenticationError):
                 raise
+            if stop.expired():
+                raise StopRequested(f"stopped while {what}: {exc}") from exc
             delay = backoff.next_delay()
-            log.warning("redis unavailable, retrying", during=what, error=str(exc), retry_in_s=delay)
-            time.sleep(delay)
+            if isinstance(exc, redis.OutOfMemoryError):
+                health.full(what, exc, delay)
+            else:
+                log.warning("redis unavailable, retrying", during=what, error=str(exc), retry_in_s=delay)
+            stop.sleep(delay)
             continue
         if backoff.failures:
             log.info("redis reachable again", during=what, after_failures=backoff.failures)

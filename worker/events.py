@@ -28,12 +28,15 @@ def token_event(delta, n: int) -> bytes:
 
 def done_event(job: InFlight, now_ms: float) -> bytes:
     samples = [job.finished[k] for k in range(job.n)]
-    reason, text, _ = samples[0]
+    reason, text = samples[0].finish_reason, samples[0].text
     event = {
         "type": "done",
         "finish_reason": reason,
         "text": text,
-        "usage": {"prompt_tokens": job.prompt_tokens, "completion_tokens": sum(s[2] for s in samples)},
+        "usage": {
+            "prompt_tokens": job.prompt_tokens,
+            "completion_tokens": sum(s.num_output_tokens for s in samples),
+        },
         "timing": {
             "queue_ms": round(job.admitted_ms - job.enqueued_ms, 3),
             "ttft_ms": None if job.first_token_ms is None else round(job.first_token_ms - job.enqueued_ms, 3),
@@ -43,8 +46,8 @@ def done_event(job: InFlight, now_ms: float) -> bytes:
     if job.stop_reason is not None and reason == "abort":
         event["reason"] = job.stop_reason
     if job.n > 1:
-        event["texts"] = [s[1] for s in samples]
-        event["finish_reasons"] = [s[0] for s in samples]
+        event["texts"] = [s.text for s in samples]
+        event["finish_reasons"] = [s.finish_reason for s in samples]
     return _dump(event)
 
 

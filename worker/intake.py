@@ -7,6 +7,7 @@ Nothing here trusts the payload: bytes may be any binary, JSON may be any shape.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from pydantic import ValidationError
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 from worker.errors import ErrorCode, JobError
 from worker.keys import JOB_FIELD
 from worker.limits import Limits, check_max_tokens, check_payload
-from worker.protocol import JOB_ID_PATTERN, Job
+from worker.protocol import JOB_ID_PATTERN, SAMPLING_FIELDS, Job
 
 _ID_RE = re.compile(JOB_ID_PATTERN)
 # An oversized payload is not parsed; its id is looked for near the start, where clients put it.
@@ -30,7 +31,9 @@ def parse_entry(fields: dict[bytes, bytes] | None, limits: Limits) -> Job:
         check_payload(raw, limits, _id_from_prefix(raw))  # raises, naming the id when it can
     try:
         text = raw.decode("utf-8")
-        json.loads(text)  # separate "not JSON" from "wrong shape" for a clearer error code
+        json.loads(text, object_pairs_hook=_refuse_duplicates)  # "not JSON" apart from "wrong shape"
+    except DuplicateKey as exc:
+        raise JobError(ErrorCode.INVALID_JOB, str(exc), salvage_id(text)) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
         raise JobError(ErrorCode.INVALID_JSON, f"job is not UTF-8 JSON: {str(exc)[:200]}") from None
     job_id = salvage_id(text)
@@ -39,7 +42,30 @@ def parse_entry(fields: dict[bytes, bytes] | None, limits: Limits) -> Job:
     except ValidationError as exc:
         raise _validation_error(exc, job_id) from None
     check_max_tokens(job.max_tokens, limits, job.id)
+    _check_finite(job)
     return job
+
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """json's object hook: a key given twice is refused (otherwise the last one would silently win)."""
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise DuplicateKey(f"duplicate key {key[:64]!r} in the job")
+        obj[key] = value
+    return obj
+
+
+def _check_finite(job: Job) -> None:
+    """JSON parsers accept NaN and Infinity; no sampling parameter means anything with them."""
+    for name in SAMPLING_FIELDS:
+        value = getattr(job, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise JobError(ErrorCode.INVALID_PARAMS, f"{name}: must be a finite number, got {value}", job.id)
 
 
 def salvage_id(text: str) -> str | None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Keys:
     """Names under one prefix. The request and dead-letter streams can be renamed on their own."""
 
-    prefix: str = "conveyor"
-    requests_stream: str = ""  # "" -> "<prefix>:requests"
-    dead_stream: str = ""  # "" -> "<prefix>:dead"
+    # The metadata is each field's command-line option (worker/cli_options.py).
+    prefix: str = field(default="conveyor", metadata={"help": "key prefix"})
+    requests_stream: str = field(
+        default="", metadata={"help": "requests stream (default <prefix>:requests)", "cli": "stream"}
+    )
+    dead_stream: str = field(default="", metadata={"help": "dead-letter stream (default <prefix>:dead)"})
 
     @property
     def requests(self) -> str:

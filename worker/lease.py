@@ -11,6 +11,8 @@ Two marks per job, both renewed by `add_renewal` every lease/3:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
 from worker.config import WorkerConfig
 from worker.round import Handler, Round
@@ -28,10 +30,13 @@ def add_renewal(rnd: Round, cfg: WorkerConfig, jobs: Iterable[InFlight]) -> None
     if not jobs:
         return
     for job in jobs:
-        key = cfg.keys.owner(job.job_id)
-        rnd.add(lambda p, key=key: p.set(key, cfg.consumer, px=cfg.lease_ms))
+        rnd.add(partial(_set_owner, key=cfg.keys.owner(job.job_id), cfg=cfg))
     ids = [j.entry_id for j in jobs]
     rnd.add(lambda p: p.xclaim(cfg.keys.requests, cfg.group, cfg.consumer, 0, ids, justid=True))
+
+
+def _set_owner(p: Any, key: str, cfg: WorkerConfig) -> None:
+    p.set(key, cfg.consumer, px=cfg.lease_ms)
 
 
 def add_release(rnd: Round, cfg: WorkerConfig, job_id: str) -> None:

@@ -1,18 +1,21 @@
-"""Size limits on what a client may ask for, each failing with its own error code."""
+"""Size limits on what a client may ask for, each failing with its own error code.
+
+The prompt's length is the engine's to check (it alone tokenizes): see EngineConfig.max_prompt_tokens.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from worker.errors import ErrorCode, JobError
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_payload_bytes: int = 1 << 20
-    # None: bounded only by the engine's max_model_len.
-    max_prompt_tokens: int | None = None
-    max_tokens: int | None = None
+    max_payload_bytes: int = field(default=1 << 20, metadata={"help": "largest job payload accepted"})
+    max_tokens: int | None = field(
+        default=None, metadata={"help": "largest max_tokens a job may ask for", "cli": "max-tokens-limit"}
+    )
 
 
 def check_payload(raw: bytes, limits: Limits, job_id: str | None = None) -> None:
@@ -30,11 +33,4 @@ def check_max_tokens(max_tokens: int | None, limits: Limits, job_id: str) -> Non
             ErrorCode.MAX_TOKENS_TOO_LARGE,
             f"max_tokens {max_tokens} exceeds the limit {limits.max_tokens}",
             job_id,
-        )
-
-
-def check_prompt_tokens(num_tokens: int, limit: int, job_id: str) -> None:
-    if num_tokens > limit:
-        raise JobError(
-            ErrorCode.PROMPT_TOO_LONG, f"prompt has {num_tokens} tokens, the limit is {limit}", job_id
         )

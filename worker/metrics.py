@@ -43,6 +43,15 @@ class Metrics:
         self.publish_latency = histogram(
             "conveyor_publish_latency_seconds", "Token sampled to its event written in Redis", _FAST_BUCKETS
         )
+        self.redis_full = gauge(
+            "conveyor_redis_full", "1 while Redis refuses writes for lack of memory (OOM), else 0"
+        )
+        self.redis_full_retries = Counter(
+            "conveyor_redis_full_retries",
+            "Rounds refused by a full Redis and retried",
+            names,
+            registry=self.registry,
+        ).labels(*values)
         self._jobs = Counter("conveyor_jobs", "Jobs by outcome", [*names, "outcome"], registry=self.registry)
         self._label_values = values
 

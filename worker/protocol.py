@@ -30,6 +30,8 @@ SAMPLING_FIELDS = (
     "stop_token_ids",
     "ignore_eos",
     "logprobs",
+    "response_format",
+    "structured_outputs",
 )
 
 
@@ -67,6 +69,10 @@ class Job(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     logprobs: int | None = None
+    # Constrained decoding, as OpenAI (`response_format`) or vLLM (`structured_outputs`) write it; the engine
+    # validates both (engine/structured/spec.py) and the grammar engine checks the schema/regex/grammar.
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Job:

@@ -5,6 +5,9 @@ events from 1. Redis refuses an id not above the stream's last one, so if anothe
 over and wrote first, our write fails and we drop the job instead of writing a second history. A claiming
 worker reads the last seq back from the stream (resume.py) and continues after it.
 
+`plan_events` turns a step's deltas into what to write (an `EventPlan`) without touching Redis, the round
+or the worker; `Publisher` puts a plan's batch into a round and handles the replies.
+
 All of a step's events go out as one script call (`WRITE`), which per job XADDs the events and only while
 they succeed PUBLISHes them, refreshes the TTL and, after a terminal event, acknowledges the request
 entry and deletes the job's owner, attempts and cancel keys. A worker whose lease lapsed and whose
@@ -17,17 +20,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
 
 from worker.config import WorkerConfig
-from worker.errors import JobError
-from worker.events import error_event
+from worker.events import done_event, error_event, token_event
 from worker.keys import EVENT_FIELD
-from worker.lease import add_release
+from worker.observer import TokenTrace
 from worker.round import Round
 from worker.script import Script
-from worker.state import InFlight
+from worker.state import InFlight, SampleEnd
 
 _ID_TOO_SMALL = "equal or smaller"
+_OOM = "OOM"  # Redis is full (noeviction): the script wrote nothing for the job; write it again later
 
 # KEYS: requests stream, attempts hash, then per job: output stream, owner key, cancel key.
 # ARGV: group, maxlen, ttl, the event field's name, then per job: first seq, event count, expire (0|1), request entry id
@@ -67,18 +73,26 @@ return results
 """
 
 
+@dataclass(frozen=True)
+class JobWrite:
+    """One job's events in one WRITE call: entries 0-<first_seq> .. 0-<first_seq + len(payloads) - 1>."""
+
+    job: InFlight
+    first_seq: int
+    payloads: tuple[bytes, ...]
+    expire: bool  # refresh the output stream's TTL
+    entry: bytes  # the request entry to acknowledge after a terminal event, else b""
+
+
 class Batch:
     """One step's events, every job's, for one WRITE call."""
 
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: WorkerConfig, writes: list[JobWrite] | None = None) -> None:
         self.cfg = cfg
-        self.jobs: list[InFlight] = []
-        self.keys: list[str] = [cfg.keys.requests, cfg.keys.attempts]
-        self.args: list = [cfg.group, cfg.stream_maxlen, cfg.stream_ttl_s, EVENT_FIELD]
+        self.writes: list[JobWrite] = list(writes or [])
 
     def add(self, job: InFlight, payloads: list[bytes], terminal: bool = False) -> None:
         """After a terminal event the job is acknowledged and its bookkeeping forgotten, if it was written."""
-        keys = self.cfg.keys
         # The TTL counts from the last write: set it on the first event, refresh it now and then while the
         # job runs (not every step: that would be one more command per job per step), and on the last one.
         now = time.monotonic()
@@ -86,74 +100,109 @@ class Batch:
         if expire:
             job.ttl_set_at = now
         entry = job.entry_id if terminal else b""
-        self.jobs.append(job)
-        self.keys += (keys.out(job.job_id), keys.owner(job.job_id), keys.cancel(job.job_id))
-        self.args += (job.next_seq, len(payloads), 1 if expire else 0, entry, job.job_id, *payloads)
+        self.writes.append(JobWrite(job, job.next_seq, tuple(payloads), expire, entry))
         job.next_seq += len(payloads)
 
+    def keys_and_args(self) -> tuple[list, list]:
+        keys = self.cfg.keys
+        names: list = [keys.requests, keys.attempts]
+        args: list = [self.cfg.group, self.cfg.stream_maxlen, self.cfg.stream_ttl_s, EVENT_FIELD]
+        for w in self.writes:
+            names += (keys.out(w.job.job_id), keys.owner(w.job.job_id), keys.cancel(w.job.job_id))
+            args += (w.first_seq, len(w.payloads), 1 if w.expire else 0, w.entry, w.job.job_id, *w.payloads)
+        return names, args
+
     def __len__(self) -> int:
-        return len(self.jobs)
+        return len(self.writes)
+
+
+@dataclass
+class EventPlan:
+    """What one step's deltas mean for Redis and for the worker's bookkeeping."""
+
+    batch: Batch
+    done: list[InFlight] = field(default_factory=list)  # terminal event queued: forget after writing
+    forget: list[str] = field(default_factory=list)  # dropped jobs whose samples all ended: forget now
+    first_tokens: list[InFlight] = field(default_factory=list)  # jobs whose first token is in this plan
+    traces: list[TokenTrace] = field(default_factory=list)
+    has_tokens: bool = False
+
+
+def plan_events(
+    deltas, inflight: dict[str, InFlight], cfg: WorkerConfig, now_ms: float, sampled_wall: float
+) -> EventPlan:
+    """Token events per job (in delta order), a terminal event for each job whose samples have all ended.
+
+    Writes nothing anywhere but into the plan and the jobs' own records (finished samples, first-token
+    time, next event sequence number), which describe what has been produced and queued."""
+    plan = EventPlan(Batch(cfg))
+    by_job: dict[str, list[bytes]] = {}
+    for delta in deltas:
+        job = inflight.get(delta.request_id)
+        if job is None:
+            continue
+        if delta.finished:
+            job.finished[delta.sample_index] = SampleEnd(
+                delta.finish_reason, delta.text or "", delta.num_output_tokens
+            )
+            job.prompt_tokens = max(job.prompt_tokens, delta.num_prompt_tokens)
+            job.error = job.error or delta.error
+        if job.dropped:
+            if len(job.finished) == job.n:
+                plan.forget.append(job.job_id)
+            continue
+        if delta.new_token_ids or delta.text_delta:
+            by_job.setdefault(job.job_id, []).append(token_event(delta, job.n))
+            plan.traces.append(TokenTrace(job.job_id, delta.sample_index, delta.first_index, sampled_wall))
+            if job.first_token_ms is None and delta.new_token_ids:
+                job.first_token_ms = now_ms
+                plan.first_tokens.append(job)
+        if delta.finished and len(job.finished) == job.n:
+            plan.done.append(job)
+    plan.has_tokens = bool(by_job)
+    for job in plan.done:
+        # The ack rides in the same script call, only if the terminal event was written (see WRITE).
+        # A sample whose grammar failed after admission ends the job with an error event, not done.
+        last = error_event("invalid_params", job.error) if job.error else done_event(job, now_ms)
+        plan.batch.add(job, [*by_job.pop(job.job_id, ()), last], terminal=True)
+    for job_id, payloads in by_job.items():
+        plan.batch.add(inflight[job_id], payloads)
+    return plan
 
 
 class Publisher:
-    """Adds batches to rounds and drops the jobs whose writes another worker's events refused."""
+    """Adds batches to rounds; writes refused for lack of memory again later; drops the jobs whose writes
+    another worker's events refused."""
 
-    def __init__(self, on_lost: Callable[[InFlight], None], next_round: Callable[[], Round]) -> None:
+    def __init__(self, on_lost: Callable[[InFlight], None], on_full: Callable[[str], None]) -> None:
         self.script = Script(WRITE)
-        self.on_lost, self.next_round = on_lost, next_round
+        self.on_lost, self.on_full = on_lost, on_full
 
     def add(self, rnd: Round, batch: Batch, retried: bool = False) -> None:
         if len(batch):
-            self.script.add(rnd, batch.keys, batch.args, lambda r: self._check(rnd, batch, r, retried))
+            keys, args = batch.keys_and_args()
+            self.script.add(rnd, keys, args, lambda r, into: self._check(rnd, batch, r, retried, into))
 
-    def _check(self, rnd: Round, batch: Batch, reply, retried: bool) -> None:
+    def _check(self, rnd: Round, batch: Batch, reply, retried: bool, into: Round) -> None:
         retried = retried or rnd.retried
         if self.script.unknown(reply):  # nothing ran: send it again, with the script, next round
-            self.add(self.next_round(), batch, retried)
+            self.add(into, batch, retried)
             return
         results = [reply] * len(batch) if isinstance(reply, Exception) else reply
-        for job, result in zip(batch.jobs, results, strict=True):
+        again: list[JobWrite] = []
+        full = ""
+        for write, result in zip(batch.writes, results, strict=True):
             if result == 0:
                 continue
             message = result.decode(errors="replace") if isinstance(result, bytes) else str(result)
+            if isinstance(result, redis.OutOfMemoryError) or message.startswith(_OOM):
+                again.append(write)  # nothing of this job's was written: the same ids, next round
+                full = message
+                continue
             # After a dropped connection the first try may have landed: the conflict is then our own write.
             if retried and _ID_TOO_SMALL in message:
                 continue
-            self.on_lost(job)
-
-
-def add_ack(rnd: Round, cfg: WorkerConfig, entry_id: bytes) -> None:
-    rnd.add(lambda p: p.xack(cfg.keys.requests, cfg.group, entry_id))
-
-
-def add_failure(
-    rnd: Round, cfg: WorkerConfig, entry_id: bytes, error: JobError, raw: bytes | None, owned: bool
-) -> None:
-    """A job that will not run: error event (when it has an id), a dead-letter copy, then the ack."""
-    if error.job_id is not None:
-        key = cfg.keys.out(error.job_id)
-        payload = error_event(error.code.value, error.message)
-        # An auto id: above any 0-<seq> a previous attempt wrote, and terminal for resume.py.
-        rnd.add(lambda p: p.xadd(key, {EVENT_FIELD: payload}, maxlen=cfg.stream_maxlen, approximate=True))
-        rnd.add(lambda p: p.publish(key, payload))
-        rnd.add(lambda p: p.expire(key, cfg.stream_ttl_s))
-    dead = {
-        b"entry_id": entry_id,
-        b"code": error.code.value,
-        b"reason": error.message[:2000],
-        b"consumer": cfg.consumer,
-        b"job": (raw or b"")[: cfg.limits.max_payload_bytes],
-    }
-    if error.job_id is not None:
-        dead[b"id"] = error.job_id
-    rnd.add(lambda p: p.xadd(cfg.keys.dead, dead, maxlen=cfg.dead_maxlen, approximate=True))
-    add_ack(rnd, cfg, entry_id)
-    if owned and error.job_id is not None:
-        add_release(rnd, cfg, error.job_id)
-        _forget(rnd, cfg, error.job_id)
-
-
-def _forget(rnd: Round, cfg: WorkerConfig, job_id: str) -> None:
-    rnd.add(lambda p: p.hdel(cfg.keys.attempts, job_id))
-    cancel_key = cfg.keys.cancel(job_id)
-    rnd.add(lambda p: p.delete(cancel_key))
+            self.on_lost(write.job)
+        if again:
+            self.on_full(full)
+            self.add(into, Batch(batch.cfg, again), retried)

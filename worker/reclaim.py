@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from worker.admit import Arrived
 from worker.config import WorkerConfig
 from worker.round import Round
-
-Entry = tuple[bytes, dict[bytes, bytes] | None]
 
 
 class Reclaimer:
@@ -22,15 +21,15 @@ class Reclaimer:
         self.cfg = cfg
         self.cursor: bytes | str = "0-0"
 
-    def add(self, rnd: Round, count: int, on_entries: Callable[[list[Entry]], None]) -> None:
+    def add(self, rnd: Round, count: int, on_arrived: Callable[[list[Arrived]], None]) -> None:
         cfg = self.cfg
 
-        def handle(result) -> None:
+        def handle(result, into: Round) -> None:
             if isinstance(result, Exception):  # NOGROUP after a Redis restart: the next read recreates it
                 return
             # [next_start_id, [(id, fields), ...], [deleted ids]]
             self.cursor = result[0]
-            on_entries([(eid, fields) for eid, fields in result[1]])
+            on_arrived([Arrived(eid, fields, reclaimed=True) for eid, fields in result[1]])
 
         start = self.cursor
         rnd.add(

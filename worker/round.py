@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.commands.core import CoreCommands
@@ -23,9 +23,17 @@ from redis.commands.core import CoreCommands
 try:  # hiredis packs a command in C; redis-py's own packer is the fallback
     from hiredis import pack_command
 except ImportError:  # pragma: no cover
-    pack_command = None
+    pack_command = None  # type: ignore[assignment]
 
-Handler = Callable[[Any], None]
+# Called with the command's reply and the round being built next, where it writes any follow-up commands.
+Handler = Callable[[Any, "Round"], None]
+
+
+class Command(NamedTuple):
+    args: tuple
+    options: dict
+
+
 _MULTI, _EXEC = ("MULTI",), ("EXEC",)
 
 
@@ -36,7 +44,7 @@ class Recorder(CoreCommands):
         self.stack = stack
 
     def execute_command(self, *args, **options):
-        self.stack.append((args, options))
+        self.stack.append(Command(args, options))
 
 
 @dataclass
@@ -47,21 +55,23 @@ class Sent:
 
 class Round:
     def __init__(self) -> None:
-        self.stack: list[tuple[tuple, dict]] = []
+        self.stack: list[Command] = []
         self.handlers: list[Handler | None] = []
-        self._recorder = Recorder(self.stack)
+        # CoreCommands declares a client's event dispatcher abstract; a Recorder never dispatches events.
+        self._recorder = Recorder(self.stack)  # type: ignore[abstract]
         self.retried = False  # an earlier try may have been applied (see publish.py)
         # time.perf_counter() when the newest token events in this round were sampled, and when Redis's
         # EXEC reply was read (written and readable by then): the publish latency.
         self.sampled_at: float | None = None
         self.answered_at: float | None = None
 
-    def add(self, command: Callable[[Recorder], Any], on_result: Handler | None = None) -> None:
+    # `command` gets a Recorder typed Any: redis-py 8 types its command methods for a connected client only.
+    def add(self, command: Callable[[Any], Any], on_result: Handler | None = None) -> None:
         command(self._recorder)
         self.handlers.append(on_result)
 
     def raw(self, args: tuple, on_result: Handler | None = None) -> None:
-        self.stack.append((args, {}))
+        self.stack.append(Command(args, {}))
         self.handlers.append(on_result)
 
     def __len__(self) -> int:
@@ -89,7 +99,7 @@ class Round:
         client, connection = sent.client, sent.connection
         try:
             connection.read_response()  # +OK for MULTI
-            queued = []
+            queued: list[redis.ResponseError | None] = []
             for _ in self.stack:
                 try:
                     connection.read_response()  # +QUEUED
@@ -99,8 +109,9 @@ class Round:
             try:
                 replies = connection.read_response()
                 self.answered_at = time.perf_counter()
-            except redis.exceptions.ExecAbortError:
-                raise next(e for e in queued if e is not None) from None
+            except redis.exceptions.ExecAbortError as abort:
+                # Nothing ran. The first refusal says why (OOM: Redis is full); the abort stays its cause.
+                raise next((e for e in queued if e is not None), abort) from abort
         except BaseException:
             self._fail(client, connection)
             raise
@@ -121,10 +132,11 @@ class Round:
         connection.disconnect()
         client.connection_pool.release(connection)
 
-    def dispatch(self, results: list[Any]) -> None:
+    def dispatch(self, results: list[Any], into: Round) -> None:
+        """Hand each reply to its handler; what they write goes into `into`, the round built next."""
         for handler, result in zip(self.handlers, results, strict=True):
             if handler is not None:
-                handler(result)
+                handler(result, into)
 
 
 def _split_name(args: tuple) -> tuple:

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from worker.protocol import Job
+
+
+class SampleEnd(NamedTuple):
+    finish_reason: str
+    text: str
+    num_output_tokens: int
 
 
 @dataclass(eq=False)
@@ -17,10 +24,11 @@ class InFlight:
     next_seq: int  # sequence number of the next event on the output stream (entry id 0-<seq>)
     prompt_tokens: int = 0
     first_token_ms: float | None = None
-    # sample index -> (finish_reason, text, num_output_tokens), filled as samples finish
-    finished: dict[int, tuple[str, str, int]] = field(default_factory=dict)
+    # sample index -> how it ended, filled as samples finish
+    finished: dict[int, SampleEnd] = field(default_factory=dict)
     stop_reason: str | None = None  # "cancel" | "deadline" once aborted by the worker
     ttl_set_at: float | None = None  # time.monotonic() of the output stream's last EXPIRE
+    error: str | None = None  # a sample ended in an engine error (its grammar failed): error event, not done
     dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
 
     @property

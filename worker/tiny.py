@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+from engine.models.registry import TINY_ARCHS
+
+ARCHS = TINY_ARCHS
 
 
 def cache_dir() -> Path:

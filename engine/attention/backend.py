@@ -36,11 +36,20 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_q_heads, head_dim], dtype of query
         """Causal attention of each new token over its sequence's context (GQA by head grouping).
 
         The context is in the cache after `write_kv`; `key`/`value` hold this step's rows too, so a backend
-        may read a prefill chunk with no cached context from them instead of gathering it back."""
+        may read a prefill chunk with no cached context from them instead of gathering it back.
+
+        Both options are per call, so per layer:
+        - `window`: a query at position i sees keys j with i - window < j <= i, `window` positions counting
+          itself (transformers' `sliding_window`, masking_utils.sliding_window_overlay). None: full causal.
+        - `softcap`: logits become softcap * tanh(logits / softcap) before the softmax, where logits are
+          q.k * scale (Gemma 2's `attn_logit_softcapping`). None: off."""
         ...
 
 
@@ -57,3 +66,11 @@ def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
 
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r}; choose 'auto', 'torch' or 'triton'")
+
+
+def check_window_softcap(window: int | None, softcap: float | None) -> None:
+    """Refuse option values no backend can honour (a window of 0 would leave a query with no key)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be None or > 0, got {softcap!r}")

@@ -11,6 +11,12 @@ row needs no repeat for GQA: the G query heads sharing a KV head are laid out as
 that head, q: [kv_heads, G, D], exact because a decode query sees every cached key. A chunk after cached
 context uses a causal mask offset by the context length. What depends only on the step (row ranges,
 block lists, masks) is planned once, on the first layer's call, and reused by every layer.
+
+A sliding window (a query at position i sees keys i - window < j <= i) is planned once per window size
+per step: each sequence reads only the blocks from the one holding its first query's oldest visible key,
+and a mask drops the keys below each row's window. A decode row's visible keys are then a plain slice, so
+it keeps the mask-free SDPA call. Soft-capping (softcap * tanh(logits / softcap)) has no SDPA form: those
+layers run the softmax explicitly, in fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.attention.backend import check_window_softcap
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -27,9 +34,15 @@ from engine.attention.metadata import AttentionMetadata
 class _Seq:
     start: int  # first row of this sequence in the flat batch
     end: int
+    lo: int  # first key position read: 0, or the oldest key the first query's window still sees
     seq_len: int  # keys visible to the last row: cached context + this step's rows
-    blocks: torch.Tensor | None  # [ceil(seq_len / block_size)] int32 block ids; None: no cached context
-    mask: torch.Tensor | None  # [q_len, seq_len] bool (True = attend) for a chunk after cached context
+    # [cdiv(seq_len, block_size) - lo // block_size] int32 block ids from the one holding key `lo`;
+    # None: no cached context, keys are this step's rows start + lo .. end
+    blocks: torch.Tensor | None
+    skip: int  # keys to drop at the front of the gathered blocks: lo % block_size
+    # [q_len, seq_len - lo] bool (True = attend); None with causal False: every key read is visible
+    mask: torch.Tensor | None
+    causal: bool  # a square causal chunk (no cached context, no window cut): SDPA's is_causal
 
 
 @dataclass
@@ -38,12 +51,12 @@ class _StepPlan:
     # Write path: rows of the batch with a real slot, and those slots. rows None = every row.
     write_rows: torch.Tensor | None  # [N] int64
     write_slots: torch.Tensor  # [N] int64
-    seqs: list[_Seq]
     num_real: int  # rows past this are padding (slot -1): zeros in the output
+    block_size: int
+    by_window: dict[int | None, list[_Seq]]  # filled lazily, one entry per window size used this step
 
 
 def plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
-    dev = meta.block_tables.device
     sm = meta.slot_mapping
     valid = sm >= 0
     if bool(valid.all()):
@@ -51,17 +64,45 @@ def plan_step(meta: AttentionMetadata, block_size: int) -> _StepPlan:
     else:
         rows = valid.nonzero().squeeze(1)
         wslots = sm[rows]
+    return _StepPlan(meta, rows, wslots, sum(meta.query_lens_cpu), block_size, {})
 
+
+def plan_seqs(meta: AttentionMetadata, block_size: int, window: int | None) -> list[_Seq]:
+    dev = meta.block_tables.device
     seqs, start = [], 0
     for s, (q, n) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)):
-        blocks = mask = None
+        first_pos = n - q  # position of this step's first query token
+        lo = 0 if window is None else max(0, first_pos - window + 1)
+        blocks, skip, mask = None, 0, None
+        causal = q > 1 and lo == 0 and q == n and (window is None or window >= n)
         if q != n:
-            blocks = meta.block_tables[s, : -(-n // block_size)]
-            if q > 1:  # query i sees keys 0 .. n - q + i
-                mask = torch.arange(q, device=dev)[:, None] + (n - q) >= torch.arange(n, device=dev)[None, :]
-        seqs.append(_Seq(start, start + q, n, blocks, mask))
+            blocks = meta.block_tables[s, lo // block_size : -(-n // block_size)]
+            skip = lo % block_size
+        if q > 1 and not causal:  # query i (position first_pos + i) sees key lo + c when ...
+            pos = torch.arange(first_pos, n, device=dev)[:, None]
+            key = torch.arange(lo, n, device=dev)[None, :]
+            mask = key <= pos
+            if window is not None:
+                mask &= pos - key < window
+        seqs.append(_Seq(start, start + q, lo, n, blocks, skip, mask, causal))
         start += q
-    return _StepPlan(meta, rows, wslots, seqs, start)
+    return seqs
+
+
+def _softcapped_attention(q, k, v, s: _Seq, scale: float, softcap: float) -> torch.Tensor:
+    # q: [q_len, heads, D]; k/v: [kv_heads, L, D] -> [q_len, heads, D]. Explicit softmax in fp32.
+    q_len, heads, d = q.shape
+    kv_heads, length = k.shape[0], k.shape[1]
+    qg = q.float().permute(1, 0, 2).reshape(kv_heads, heads // kv_heads, q_len, d)
+    logits = torch.matmul(qg, k.float()[:, None].transpose(-1, -2)) * scale  # [kv_heads, G, q_len, L]
+    logits = torch.tanh(logits / softcap) * softcap
+    mask = s.mask
+    if s.causal:
+        mask = torch.ones(q_len, length, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    o = torch.matmul(logits.softmax(-1), v.float()[:, None])  # [kv_heads, G, q_len, D]
+    return o.reshape(heads, q_len, d).transpose(0, 1).to(q.dtype)
 
 
 class TorchAttentionBackend:
@@ -86,21 +127,38 @@ class TorchAttentionBackend:
         v_cache.view(-1, kv_heads, d).index_copy_(0, p.write_slots, value.to(v_cache.dtype))
 
     def forward(
-        self, query, key, value, k_cache, v_cache, meta: AttentionMetadata, scale: float
+        self,
+        query,
+        key,
+        value,
+        k_cache,
+        v_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         # query: [T, heads, D]; key/value: [T, kv_heads, D] this step's rows -> [T, heads, D]
+        check_window_softcap(window, softcap)
         p = self._step(meta, k_cache.shape[1])
+        if window not in p.by_window:
+            p.by_window[window] = plan_seqs(meta, p.block_size, window)
         t, heads, d = query.shape
         kv_heads = k_cache.shape[2]
         outs = []
-        for s in p.seqs:
+        for s in p.by_window[window]:
             if s.blocks is None:
-                k, v = key[s.start : s.end], value[s.start : s.end]  # [seq_len, kv_heads, D]
+                k, v = key[s.start + s.lo : s.end], value[s.start + s.lo : s.end]  # [L, kv_heads, D]
             else:
-                k = k_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[: s.seq_len]
-                v = v_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[: s.seq_len]
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, seq_len, D]
+                length = s.seq_len - s.lo
+                k = k_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[s.skip : s.skip + length]
+                v = v_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[s.skip : s.skip + length]
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, L, D]
             q = query[s.start : s.end]  # [q_len, heads, D]
+            if softcap is not None:
+                outs.append(_softcapped_attention(q, k, v, s, scale, softcap))
+                continue
             if s.end - s.start == 1:
                 # 4-D inputs: SDPA's CPU flash kernel (3-D falls back to the slower math path)
                 q = q.view(1, kv_heads, heads // kv_heads, d)
@@ -112,7 +170,7 @@ class TorchAttentionBackend:
                 k[None],
                 v[None],
                 attn_mask=s.mask,
-                is_causal=s.mask is None,
+                is_causal=s.causal,
                 scale=scale,
                 enable_gqa=heads != kv_heads,
             )

@@ -36,15 +36,19 @@ class TritonAttentionBackend:
     ) -> None:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
 
-    def num_splits(self, meta: AttentionMetadata, num_kv_heads: int, device: torch.device) -> int:
-        """Split-KV only for pure decode steps the heuristic says leave SMs idle."""
+    def num_splits(
+        self, meta: AttentionMetadata, num_kv_heads: int, device: torch.device, window: int | None = None
+    ) -> int:
+        """Split-KV only for pure decode steps the heuristic says leave SMs idle. A windowed layer's
+        query reads at most `window` keys, so the split is sized on that, not on the context length."""
         if not meta.is_decode_only:
             return 1
         if self._num_sms_override is not None:
             sms = self._num_sms_override
         else:
             sms = self._num_sms.setdefault(device, _num_sms(device))
-        return choose_num_splits(meta.num_seqs, num_kv_heads, meta.max_seq_len, sms)
+        keys = meta.max_seq_len if window is None else min(meta.max_seq_len, window)
+        return choose_num_splits(meta.num_seqs, num_kv_heads, keys, sms)
 
     def forward(
         self,
@@ -55,12 +59,15 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        window: int | None = None,  # see AttentionBackend.forward
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D], dtype of query
         out = torch.empty_like(query)
         num_real = sum(meta.query_lens_cpu)
         if num_real < query.shape[0]:
             out[num_real:].zero_()  # padding rows: defined output, no kernel writes them
-        splits = self.num_splits(meta, k_cache.shape[2], query.device)
+        splits = self.num_splits(meta, k_cache.shape[2], query.device, window)
         if splits > 1:
             paged_decode_split(
                 query[: meta.num_seqs],
@@ -72,6 +79,8 @@ class TritonAttentionBackend:
                 scale,
                 splits,
                 out=out[: meta.num_seqs],
+                window=window,
+                softcap=softcap,
             )
             return out
         return paged_attention(
@@ -85,4 +94,6 @@ class TritonAttentionBackend:
             meta.max_seq_len,
             scale,
             out=out,
+            window=window,
+            softcap=softcap,
         )

@@ -129,10 +129,10 @@ class KVBlockManager:
             table.append(block.block_id)
         new_ids = []
         for _ in range(num_new_blocks):
-            block = self.pool.take()
-            assert block is not None
-            table.append(block.block_id)
-            new_ids.append(block.block_id)
+            fresh = self.pool.take()
+            assert fresh is not None
+            table.append(fresh.block_id)
+            new_ids.append(fresh.block_id)
         return Allocation(tuple(new_ids))
 
     def cache_full_blocks(self, request: Request) -> None:

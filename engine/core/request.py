@@ -13,6 +13,8 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     # A sibling of an n > 1 group that waits for its parent's prefill to finish, then forks from it.
     WAITING_FOR_FORK = "waiting_for_fork"
+    # A constrained request whose grammar is still compiling (engine/structured/); not schedulable yet.
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"

@@ -20,7 +20,7 @@ from engine.core.fork_waitlist import ForkWaitlist
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import make_queue
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
-from engine.errors import RequestRejected
+from engine.errors import RejectReason, RequestRejected
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
 
@@ -50,6 +50,8 @@ class Scheduler:
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []
         self.forks = ForkWaitlist()
+        # Requests added in WAITING_FOR_GRAMMAR, by id, until release_grammar() queues them.
+        self.grammar_wait: dict[str, Request] = {}
         # Static batching: group ids of the current batch, fixed when it starts (the first max_num_seqs
         # waiting requests); only they are admitted until the batch is gone, even if their prefill takes
         # several steps. Group ids, so that the samples of an n > 1 request stay in their batch.
@@ -62,27 +64,40 @@ class Scheduler:
         """Raise RequestRejected when the request could never run, whatever else is queued."""
         cfg = self.config
         if request.num_prompt_tokens == 0:
-            raise RequestRejected("the prompt is empty")
+            raise RequestRejected(RejectReason.EMPTY_PROMPT, "the prompt is empty")
         total = request.max_total_tokens
         if total > cfg.max_model_len:
             raise RequestRejected(
+                RejectReason.TOO_LONG_FOR_MODEL,
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) = "
-                f"{total} exceeds max_model_len ({cfg.max_model_len})"
+                f"{total} exceeds max_model_len ({cfg.max_model_len})",
             )
         blocks = self.kv.blocks_needed(total)
         if blocks > cfg.num_blocks:
             raise RequestRejected(
+                RejectReason.TOO_LONG_FOR_KV_CACHE,
                 f"{total} tokens need {blocks} KV blocks of {cfg.block_size} tokens, but the whole pool has "
-                f"{cfg.num_blocks}"
+                f"{cfg.num_blocks}",
             )
 
     def add_request(self, request: Request) -> None:
         self.check_request(request)
         if request.request_id in self.requests:
-            raise RequestRejected(f"request id {request.request_id!r} is already queued")
+            raise RequestRejected(
+                RejectReason.DUPLICATE_ID, f"request id {request.request_id!r} is already queued"
+            )
         self.requests[request.request_id] = request
         if self.forks.add(request):
             return
+        if request.status is RequestStatus.WAITING_FOR_GRAMMAR:
+            self.grammar_wait[request.request_id] = request
+            return
+        request.status = RequestStatus.WAITING
+        self.waiting.add(request)
+
+    def release_grammar(self, request_id: str) -> None:
+        """The request's grammar is ready: it queues like any new request."""
+        request = self.grammar_wait.pop(request_id)
         request.status = RequestStatus.WAITING
         self.waiting.add(request)
 
@@ -192,7 +207,7 @@ class Scheduler:
         kv = self.kv
         return SchedulerStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting) + len(self.forks),
+            num_waiting=len(self.waiting) + len(self.forks) + len(self.grammar_wait),
             num_blocks_total=kv.num_blocks,
             num_blocks_used=kv.num_used_blocks,
             num_blocks_free=kv.num_free_blocks,
@@ -211,6 +226,7 @@ class Scheduler:
         self.kv.check_invariants()
         waiting = list(self.waiting)
         forking = list(self.forks)
+        compiling = list(self.grammar_wait.values())
         for r in self.running:
             assert r.status is _RUNNING, f"{r.request_id} in running with status {r.status}"
             assert len(self.kv.block_ids(r.request_id)) >= self.kv.blocks_needed(r.num_computed_tokens)
@@ -218,7 +234,9 @@ class Scheduler:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r.request_id}: {r.status}"
         for r in forking:
             assert r.status is RequestStatus.WAITING_FOR_FORK, f"{r.request_id}: {r.status}"
-        everyone = self.running + waiting + forking
+        for r in compiling:
+            assert r.status is RequestStatus.WAITING_FOR_GRAMMAR, f"{r.request_id}: {r.status}"
+        everyone = self.running + waiting + forking + compiling
         assert len(everyone) == len(self.requests), "a request is in two places or in none"
         assert {r.request_id for r in everyone} == set(self.requests), "containers disagree with requests"
         holders = {r.request_id for r in self.running}
@@ -308,6 +326,8 @@ class Scheduler:
                 self.running.remove(request)
         elif prev is RequestStatus.WAITING_FOR_FORK:
             self.forks.discard(request)
+        elif prev is RequestStatus.WAITING_FOR_GRAMMAR:
+            del self.grammar_wait[request.request_id]
         else:
             self.waiting.remove(request)
         request.status = status

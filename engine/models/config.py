@@ -8,28 +8,20 @@ from typing import Any
 
 import torch
 
-# HF `architectures` entry -> our family name; the family decides bias and q/k-norm switches.
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
-MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+from engine.models.registry import UnsupportedModelError, family_of
+
+__all__ = ["ModelArgs", "UnsupportedModelError", "rope_inv_freq"]
+
 ROPE_TYPES = ("default", "linear", "llama3")
-
-
-class UnsupportedModelError(ValueError):
-    pass
-
-
-def supported_names() -> str:
-    return ", ".join(sorted(ARCHITECTURES)) + " (model_type " + ", ".join(sorted(MODEL_TYPES)) + ")"
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# transformers' config defaults where the key is absent from config.json (MistralConfig, Qwen2/3Config).
+DEFAULT_SLIDING_WINDOW = 4096
+DEFAULT_MAX_WINDOW_LAYERS = 28
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    family: str  # one of engine.models.registry.FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -47,10 +39,16 @@ class ModelArgs:
     rope: dict[str, Any] = field(default_factory=dict)
     torch_dtype: torch.dtype | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Per layer: the sliding window (keys i - window < j <= i), or None for full causal attention.
+    # Empty: every layer full (ModelArgs built by hand).
+    layer_windows: tuple[int | None, ...] = ()
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelArgs:
-        family = _family(cfg)
+        family = family_of(cfg)
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
         if cfg.get("hidden_act", "silu") != "silu":
@@ -75,17 +73,40 @@ class ModelArgs:
             rope=rope,
             torch_dtype=_dtype(cfg.get("torch_dtype") or cfg.get("dtype")),
             eos_token_ids=_ids(cfg.get("eos_token_id")),
+            layer_windows=layer_windows(cfg, family),
         )
 
 
-def _family(cfg: dict[str, Any]) -> str:
-    for arch in cfg.get("architectures") or []:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    if not cfg.get("architectures") and cfg.get("model_type") in MODEL_TYPES:
-        return cfg["model_type"]
-    named = cfg.get("architectures") or cfg.get("model_type")
-    raise UnsupportedModelError(f"unsupported model {named!r}; supported: {supported_names()}")
+def layer_windows(cfg: dict[str, Any], family: str) -> tuple[int | None, ...]:
+    """Each layer's sliding window, read the way transformers' own class for the family reads it:
+    - llama: LlamaForCausalLM has no windows; a `sliding_window` key is ignored there, so here too.
+    - mistral: `sliding_window` (4096 when absent; null = off) on every layer; MistralForCausalLM ignores
+      `layer_types`.
+    - qwen2, qwen3: only with `use_sliding_window`; then the layers `layer_types` marks
+      "sliding_attention", or when absent those with index >= `max_window_layers`.
+    Layer types the native model cannot run (chunked, linear attention...) are refused."""
+    layers = cfg["num_hidden_layers"]
+    if family == "llama":
+        return (None,) * layers
+    window = cfg.get("sliding_window", DEFAULT_SLIDING_WINDOW)
+    if family in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise UnsupportedModelError(f"sliding_window must be a positive int or null, got {window!r}")
+    if family == "mistral":
+        return (window,) * layers
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", DEFAULT_MAX_WINDOW_LAYERS)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise UnsupportedModelError(f"layer_types has {len(types)} entries for {layers} layers")
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if unknown:
+        raise UnsupportedModelError(
+            f"layer_types {unknown} unsupported by the native {family} model; supported: {', '.join(LAYER_TYPES)}"
+        )
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:

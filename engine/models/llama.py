@@ -1,7 +1,8 @@
 """The Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over a flat ragged batch and a paged KV cache.
 
 Differences between the family members are two switches on `ModelArgs`: `qkv_bias` (Qwen2) and
-`qk_norm` (Qwen3: RMSNorm over each head of q and k before rotary).
+`qk_norm` (Qwen3: RMSNorm over each head of q and k before rotary), plus per-layer sliding windows
+(`ModelArgs.layer_windows`: Mistral, Qwen2/3 with `use_sliding_window`) passed to the attention backend.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, nu
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer: int = 0) -> None:
         super().__init__()
+        self.window = args.window(layer)  # sliding window of this layer, None = full causal
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
@@ -51,19 +53,19 @@ class Attention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         backend.write_kv(k, v, kv[0], kv[1], meta)
-        out = backend.forward(q, k, v, kv[0], kv[1], meta, self.scale)  # [T, heads, head_dim]
+        out = backend.forward(q, k, v, kv[0], kv[1], meta, self.scale, window=self.window)  # [T, heads, D]
         return self.o_proj(out.reshape(t, self.q_size))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args)
+        self.self_attn = Attention(args, layer)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
 
@@ -81,7 +83,7 @@ class LlamaForCausalLM(nn.Module):
         # Set by the loader (or the runner); kept out of forward's signature so all callers share it.
         self.attn_backend = backend
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary = Rotary(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)

@@ -1,13 +1,62 @@
-"""Which HF architectures we run, and how their weight names map onto our modules."""
+"""The one list of HF architectures we run, and how their weight names map onto our modules.
+
+Imports no torch, so the CLI (`make-tiny-model --arch`, `demo --arch`), `conveyor plan`, the tiny-model
+maker and the loader all read the same table cheaply.
+"""
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
-from engine.models.config import ARCHITECTURES, ModelArgs, UnsupportedModelError, supported_names
-from engine.models.llama import LlamaForCausalLM
+if TYPE_CHECKING:
+    from engine.models.config import ModelArgs
+    from engine.models.llama import LlamaForCausalLM
 
-__all__ = ["ARCHITECTURES", "UnsupportedModelError", "build_model", "map_weight_name", "supported_names"]
+# HF `architectures` entry -> our family name; the family decides bias and q/k-norm switches.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+# Our family names, which are also the HF `model_type` of each.
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(ARCHITECTURES.values()))
+# Families that `model_impl="auto"` runs on the generic path (engine/models/generic/: their own transformers
+# modules on our paged attention), each with a tiny model. The generic path takes any decoder-only LM; these are
+# the ones tested token for token.
+GENERIC_FAMILIES: tuple[str, ...] = ("gemma2", "gemma3", "phi3", "olmo2", "mixtral", "qwen3_moe", "gpt_neox")
+# What `make-tiny-model --arch`, `demo --arch` and `tiny:<arch>` accept.
+TINY_ARCHS: tuple[str, ...] = FAMILIES + GENERIC_FAMILIES
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def supported_names() -> str:
+    return ", ".join(sorted(ARCHITECTURES)) + " (model_type " + ", ".join(sorted(FAMILIES)) + ")"
+
+
+def is_native(cfg: dict[str, Any]) -> bool:
+    """Whether `model_impl="auto"` runs this config.json on our own model code (else on transformers' code)."""
+    try:
+        family_of(cfg)
+    except UnsupportedModelError:
+        return False
+    return True
+
+
+def family_of(cfg: dict[str, Any]) -> str:
+    """The family of a HF config.json: from `architectures`, else (when that is absent) `model_type`."""
+    for arch in cfg.get("architectures") or []:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    if not cfg.get("architectures") and cfg.get("model_type") in FAMILIES:
+        return str(cfg["model_type"])
+    named = cfg.get("architectures") or cfg.get("model_type")
+    raise UnsupportedModelError(f"unsupported model {named!r}; supported: {supported_names()}")
+
 
 # HF projection -> (our fused parameter, shard name). Shards are laid out in the order listed per target.
 _FUSED = {
@@ -22,7 +71,9 @@ _SKIP = re.compile(r"rotary_emb\.inv_freq$")
 
 def build_model(args: ModelArgs) -> LlamaForCausalLM:
     # Every supported family shares one implementation; the switches live in ModelArgs.
-    if args.family not in {"llama", "mistral", "qwen2", "qwen3"}:
+    from engine.models.llama import LlamaForCausalLM
+
+    if args.family not in FAMILIES:
         raise UnsupportedModelError(f"unsupported family {args.family!r}; supported: {supported_names()}")
     return LlamaForCausalLM(args)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLMEngine, RequestRejected, SamplingParams
+from engine import LLMEngine, RejectReason, RequestRejected, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -149,16 +149,18 @@ def test_resume_samples_that_had_stopped(llm):
 
 
 @pytest.mark.parametrize(
-    ("prompt", "params", "message"),
+    ("prompt", "params", "message", "reason"),
     [
-        ("", SamplingParams(), "empty"),
-        ([1, 2, 10**9], SamplingParams(), "ints in"),
-        ("x", SamplingParams(max_tokens=10**6), "max_model_len"),
+        ("", SamplingParams(), "empty", RejectReason.EMPTY_PROMPT),
+        ([], SamplingParams(), "empty", RejectReason.EMPTY_PROMPT),
+        ([1, 2, 10**9], SamplingParams(), "ints in", RejectReason.BAD_TOKEN_IDS),
+        ("x", SamplingParams(max_tokens=10**6), "max_model_len", RejectReason.TOO_LONG_FOR_MODEL),
     ],
 )
-def test_rejections(llm, prompt, params, message):
-    with pytest.raises(RequestRejected, match=message):
+def test_rejections(llm, prompt, params, message, reason):
+    with pytest.raises(RequestRejected, match=message) as rejected:
         llm.add_request("bad", prompt, params)
+    assert rejected.value.reason is reason
     assert not llm.has_unfinished_requests()
 
 
@@ -166,18 +168,18 @@ def test_pool_too_small_and_duplicate_id(tiny_model_dir):
     small = LLMEngine(
         str(tiny_model_dir("llama")), num_kv_blocks=2, block_size=16, dtype="float32", device="cpu"
     )
-    with pytest.raises(RequestRejected, match="block"):
+    with pytest.raises(RequestRejected, match="block") as too_big:
         small.add_request("big", list(range(3, 40)), SamplingParams(max_tokens=8))
+    assert too_big.value.reason is RejectReason.TOO_LONG_FOR_KV_CACHE
     small.add_request("dup", [3, 4], SamplingParams(max_tokens=2))
-    with pytest.raises(RequestRejected, match="already in use"):
+    with pytest.raises(RequestRejected, match="already in use") as dup:
         small.add_request("dup", [3, 4], SamplingParams(max_tokens=2))
+    assert dup.value.reason is RejectReason.DUPLICATE_ID
 
 
-def test_chat_template_and_stats(llm):
-    text = llm.apply_chat_template([{"role": "user", "content": "hi"}])
-    assert "hi" in text
+def test_stats_count_generated_tokens(llm):
     before = llm.stats().num_generated_tokens
-    llm.generate([text], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    llm.generate(["hi"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     stats = llm.stats()
     assert stats.num_generated_tokens == before + 4
     assert stats.num_kv_blocks_total == 128 and stats.num_kv_blocks_free == 128

@@ -1,4 +1,9 @@
-"""The whole engine, greedy, token for token against transformers' own `generate` on the same weights."""
+"""The whole engine, greedy, token for token against transformers' own `generate` on the same weights.
+
+The windowed cases have windows shorter than most prompts plus their 24 new tokens (prompts of 33 and 40
+tokens, windows 24 and 16, on and off the 16-token block boundary); Qwen2's window is on its second layer
+only (`max_window_layers` 1), so the backend gets a different window per layer in one step.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,27 @@ import json
 
 import pytest
 import torch
-from hf_reference import hf_greedy, hf_model
 
 from engine import LLMEngine, SamplingParams
+from engine.models.registry import FAMILIES
+from tests.helpers.hf_reference import hf_greedy, hf_model
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+# case name -> (arch, make_tiny_model overrides)
+CASES = {
+    "llama": ("llama", {}),
+    "mistral": ("mistral", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {}),
+    "mistral-window24": ("mistral", {"sliding_window": 24}),
+    "qwen2-window16-layer1": ("qwen2", {"sliding_window": 16, "max_window_layers": 1}),
+}
+WINDOWED = [name for name, (_, kw) in CASES.items() if "sliding_window" in kw]
+
+
+def test_every_registered_family_has_a_case():
+    assert {arch for arch, _ in CASES.values()} == set(FAMILIES)
+
+
 # Prompts of different lengths (in tokens), some longer than a block, one sharing a prefix with another.
 PROMPT_LENGTHS = [3, 17, 40, 9, 33]
 MAX_TOKENS = 24
@@ -28,10 +49,11 @@ def _reference(model_dir: str, prompts: list[list[int]], max_tokens: int) -> lis
     return [hf_greedy(model, prompt, max_tokens) for prompt in prompts]
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=list(CASES))
 def arch_case(request, tiny_model_dir):
-    model_dir = str(tiny_model_dir(request.param))
-    vocab_size = json.loads((tiny_model_dir(request.param) / "config.json").read_text())["vocab_size"]
+    arch, overrides = CASES[request.param]
+    model_dir = str(tiny_model_dir(arch, **overrides))
+    vocab_size = json.loads((tiny_model_dir(arch, **overrides) / "config.json").read_text())["vocab_size"]
     prompts = _prompts(vocab_size)
     return model_dir, prompts, _reference(model_dir, prompts, MAX_TOKENS)
 
@@ -108,3 +130,32 @@ def test_static_mode_same_tokens(arch_case):
     model_dir, prompts, expected = arch_case
     got, _ = _run(model_dir, prompts, scheduling="static", max_num_seqs=2)
     assert got == expected
+
+
+def test_n_greedy_forks_match(arch_case):
+    # n > 1: the samples fork from the parent's last prefill step (copy-on-write of its partial block).
+    model_dir, prompts, expected = arch_case
+    engine = LLMEngine(model_dir, block_size=16, dtype="float32", device="cpu", num_kv_blocks=256)
+    outs = engine.generate(prompts[1:3], GREEDY.model_copy(update={"n": 2}))
+    assert [[o.token_ids for o in out.outputs] for out in outs] == [[e, e] for e in expected[1:3]]
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+def test_window_changes_the_reference(name, tiny_model_dir):
+    # The windowed cases above are only meaningful if full attention would have given other tokens.
+    from transformers import AutoModelForCausalLM
+
+    arch, overrides = CASES[name]
+    model_dir = tiny_model_dir(arch, **overrides)
+    prompts = _prompts(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    windowed = _reference(str(model_dir), prompts, MAX_TOKENS)
+    # Every layer full: the config's window off, and its layer types (qwen2 saves them) all full.
+    config = json.loads((model_dir / "config.json").read_text())
+    no_window = {"sliding_window": None}
+    if "layer_types" in config:
+        no_window["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    full = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **no_window).eval()
+    full.generation_config.eos_token_id = None
+    assert full.config.sliding_window is None
+    differ = sum(hf_greedy(full, p, MAX_TOKENS) != w for p, w in zip(prompts, windowed, strict=True))
+    assert differ >= 2

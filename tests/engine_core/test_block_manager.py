@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from engine_core_utils import make_request
-
 from engine.core.block_hash import hash_block_tokens
 from engine.core.block_manager import KVBlockManager
 from engine.core.request import Request
+from tests.helpers.engine_core_utils import make_request
 
 
 def compute(kv: KVBlockManager, req: Request, n: int, cached=None) -> tuple[int, ...]:

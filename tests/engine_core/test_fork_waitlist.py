@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from engine_core_utils import make_group, make_request
-
 from engine.core.fork_waitlist import ForkWaitlist
 from engine.core.request import RequestStatus
+from tests.helpers.engine_core_utils import make_group, make_request
 
 
 def test_siblings_wait_only_for_a_fresh_parent():

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from engine_core_utils import EOS, TOKEN, make_request, make_requests, make_scheduler, run_step, work
 
 from engine.core.finish_rules import check_stop
 from engine.core.request import RequestStatus
 from engine.core.scheduler_output import RunnerOutput
-from engine.errors import RequestRejected
+from engine.errors import RejectReason, RequestRejected
+from tests.helpers.engine_core_utils import (
+    EOS,
+    TOKEN,
+    make_request,
+    make_requests,
+    make_scheduler,
+    run_step,
+    work,
+)
 
 
 def add_all(sched, requests):
@@ -175,18 +183,22 @@ def test_rejects_requests_that_can_never_fit():
     sched = make_scheduler(max_model_len=16, num_blocks=3, block_size=4)
     with pytest.raises(
         RequestRejected, match=r"prompt \(10 tokens\) \+ max_tokens \(8\) = 18 exceeds max_model_len \(16\)"
-    ):
+    ) as too_long:
         sched.add_request(make_request("a", list(range(10)), 8))
+    assert too_long.value.reason is RejectReason.TOO_LONG_FOR_MODEL
     with pytest.raises(
         RequestRejected, match="13 tokens need 4 KV blocks of 4 tokens, but the whole pool has 3"
-    ):
+    ) as too_big:
         sched.add_request(make_request("b", list(range(10)), 3))
-    with pytest.raises(RequestRejected, match="empty"):
+    assert too_big.value.reason is RejectReason.TOO_LONG_FOR_KV_CACHE
+    with pytest.raises(RequestRejected, match="empty") as empty:
         sched.add_request(make_request("c", [], 3))
-    assert isinstance(RequestRejected("x"), ValueError)
+    assert empty.value.reason is RejectReason.EMPTY_PROMPT
+    assert isinstance(RequestRejected(RejectReason.EMPTY_PROMPT, "x"), ValueError)
     sched.add_request(make_request("d", list(range(10)), 2))
-    with pytest.raises(RequestRejected, match="already queued"):
+    with pytest.raises(RequestRejected, match="already queued") as dup:
         sched.add_request(make_request("d", list(range(10)), 2))
+    assert dup.value.reason is RejectReason.DUPLICATE_ID
     assert not sched.kv.num_used_blocks and list(sched.requests) == ["d"]
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from engine_core_utils import make_group, make_request, make_scheduler, run_step, work
-
 from engine.core.request import RequestStatus
+from tests.helpers.engine_core_utils import make_group, make_request, make_scheduler, run_step, work
 
 
 def add_all(sched, requests):

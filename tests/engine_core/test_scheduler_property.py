@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from engine_core_utils import EOS, make_group, make_request, make_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.scheduler_output import RunnerOutput
 from engine.errors import RequestRejected
+from tests.helpers.engine_core_utils import EOS, make_group, make_request, make_scheduler
 
 configs = st.fixed_dictionaries(
     {

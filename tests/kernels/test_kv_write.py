@@ -1,8 +1,8 @@
 import pytest
 import torch
-from paged_batch import DEVICE
 
 from kernels.kv_write import write_kv, write_kv_ref
+from tests.helpers.paged_batch import DEVICE
 
 
 def _inputs(num_tokens, num_heads, head_dim, block_size, num_blocks, dtype, seed=0):

@@ -9,11 +9,11 @@ comparison against the reference (plain torch indexing) fails, or it faults.
 
 import pytest
 import torch
-from paged_batch import DEVICE, assert_close
 
 from kernels.kv_write import write_kv
 from kernels.paged_attention import paged_attention, paged_attention_ref
 from kernels.paged_decode_split import paged_decode_split
+from tests.helpers.paged_batch import DEVICE, assert_close
 
 BLOCK, HEADS, DIM = 16, 1, 64
 NUM_BLOCKS = (1 << 21) + 8  # last block's first element sits at ~2**31 + 8 * 1024

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from paged_batch import DEVICE, assert_close, make_batch
 
 import kernels.paged_attention as pa
 from kernels.paged_attention import paged_attention, paged_attention_ref
+from tests.helpers.paged_batch import DEVICE, assert_close, make_batch
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from paged_batch import assert_close, make_batch
 
 from kernels.paged_attention import paged_attention_ref
 from kernels.paged_decode_split import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, choose_num_splits, paged_decode_split
+from tests.helpers.paged_batch import assert_close, make_batch
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 

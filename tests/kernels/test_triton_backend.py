@@ -1,12 +1,12 @@
 import pytest
 import torch
-from paged_batch import DEVICE, assert_close, make_batch
 
 from engine.attention.backend import get_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.triton_backend import TritonAttentionBackend
 from kernels.kv_write import write_kv_ref
 from kernels.paged_attention import paged_attention_ref
+from tests.helpers.paged_batch import DEVICE, assert_close, make_batch
 
 PAD = 3  # padding tokens appended after the real ones (slot -1)
 

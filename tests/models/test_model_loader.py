@@ -26,6 +26,18 @@ def test_unsupported_architecture_names_the_supported_ones(tiny_model_dir, tmp_p
     cfg["architectures"], cfg["model_type"] = ["GPT2LMHeadModel"], "gpt2"
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*LlamaForCausalLM.*Qwen3ForCausalLM"):
+        load_model(d, model_impl="native")
+
+
+def test_generic_path_refuses_weights_that_do_not_match(tiny_model_dir, tmp_path):
+    # Llama weights under a GPT-2 config: transformers would fill GPT-2's weights at random and carry on.
+    d = _copy(tiny_model_dir("llama"), tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        KeyError, match=r"checkpoint does not match GPT2LMHeadModel \(missing_keys: transformer\.h\.0"
+    ):
         load_model(d)
 
 
@@ -107,7 +119,8 @@ def test_tokenizer_roundtrip_eos_and_chat(tiny_model_dir):
     ids = tok.encode(text)
     assert ids[0] == tok.bos_token_id and len(ids) < len(text) * 0.6  # merges exist
     assert tok.decode(ids, skip_special_tokens=True) == text
-    assert eos_token_ids(tok, d) == frozenset({tok.eos_token_id})
+    assert eos_token_ids(tok) == frozenset({tok.eos_token_id})
+    assert eos_token_ids(tok, (7, tok.eos_token_id)) == frozenset({7, tok.eos_token_id})
     chat = render_chat(tok, [{"role": "user", "content": "hi"}])
     assert chat == "<|bos|>user\nhi<|eos|>\n<|bos|>assistant\n"
     assert encode_chat(tok, [{"role": "user", "content": "hi"}]).count(tok.bos_token_id) == 2

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from hf_reference import hf_model
-from model_helpers import VARIANTS, metadata
 
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import load_model
+from tests.helpers.hf_reference import hf_model
+from tests.helpers.model_helpers import VARIANTS, metadata
 
 BLOCK = 4
 ATOL = 2e-5

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_reference import hf_greedy, hf_model
-from model_helpers import VARIANTS, GreedySampler
 
 from engine.core.request import Request
 from engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from tests.helpers.hf_reference import hf_greedy, hf_model
+from tests.helpers.model_helpers import VARIANTS, GreedySampler
 
 BLOCK = 4
 NEW_TOKENS = 30

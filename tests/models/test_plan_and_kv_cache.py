@@ -90,3 +90,24 @@ def test_pool_views_are_per_layer_and_contiguous():
     views = layer_views(pool)
     views[1][1][3, 2] = 7.0
     assert pool[1, 1, 3, 2].eq(7.0).all() and all(k.is_contiguous() and v.is_contiguous() for k, v in views)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: head_dim is not hidden // heads
+def test_plan_kv_bytes_per_token_equal_what_the_engine_allocates(tiny_model_dir, arch):
+    from engine import LLMEngine
+
+    model = tiny_model_dir(arch)
+    llm = LLMEngine(str(model), num_kv_blocks=4, block_size=16, dtype="float32", device="cpu")
+    pool = llm.runner.kv_pool  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    allocated_per_token = pool.numel() * pool.element_size() // (4 * 16)
+    p = plan(model, 2**30, dtype="float32", block_size=16)
+    assert p.kv_bytes_per_token == allocated_per_token
+    assert p.num_params == sum(t.numel() for t in llm.model.parameters())
+
+
+def test_plan_refuses_an_architecture_the_engine_does_not_run(tmp_path):
+    # Architectures outside the Llama family go to the generic path, which refuses state-space models.
+    mamba = {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(mamba))
+    with pytest.raises(ValueError, match="MambaForCausalLM: state-space or hybrid layers"):
+        plan(tmp_path, 80 * 2**30)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import metadata
 
 from engine.attention.backend import get_attention_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import TorchAttentionBackend
+from tests.helpers.model_helpers import metadata
 
 
 def naive(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, block_size: int) -> torch.Tensor:

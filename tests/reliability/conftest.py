@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rel_helpers import Workers, make_redis, redis_binary
+
+from tests.helpers.rel_helpers import Workers, make_redis, redis_binary
 
 
 @pytest.fixture(scope="session")

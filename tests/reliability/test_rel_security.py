@@ -14,8 +14,15 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from rel_helpers import RedisProc, Workers, enqueue_many, expected_outputs, redis_binary, wait_terminal
 
+from tests.helpers.rel_helpers import (
+    RedisProc,
+    Workers,
+    enqueue_many,
+    expected_outputs,
+    redis_binary,
+    wait_terminal,
+)
 from worker.keys import Keys
 from worker.local_redis import free_port
 

@@ -1,20 +1,11 @@
-"""A real redis-server per test module (no fakeredis), flushed per test, stopped by PID."""
+"""A client of the module's real redis-server (tests/conftest.py), flushed per test."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import redis
-
-from worker import local_redis
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    if local_redis.redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    server = local_redis.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -34,3 +25,24 @@ def tiny_model(tmp_path_factory):
     except ImportError as exc:
         pytest.skip(f"engine not available: {exc}")
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))
+
+
+@pytest.fixture(autouse=True)
+def uncached_logging(monkeypatch):
+    """In-process CLI runs configure structlog with cached loggers, which would keep later tests'
+    `structlog.testing.capture_logs()` from seeing anything: run them uncached, and reset after each test."""
+    import structlog
+
+    from worker import logs
+
+    configure = logs.configure
+
+    def configure_uncached(*args, **kwargs) -> None:
+        configure(*args, **kwargs)
+        structlog.configure(cache_logger_on_first_use=False)
+
+    monkeypatch.setattr(logs, "configure", configure_uncached)
+    # Background workers of CLI tests log to stderr, as the CLI does, not into the stdout under test.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    yield
+    structlog.reset_defaults()

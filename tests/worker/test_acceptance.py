@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from worker_fakes import real_engine, running_worker
 
+from tests.helpers.worker_fakes import real_engine, running_worker, wait_until
 from worker.client import collect, enqueue
 from worker.keys import Keys
 
@@ -66,7 +66,7 @@ def test_late_subscriber_replays_and_live_subscriber_sees_the_same(redis_server,
             {"id": "p1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0},
         )
         listener.join(timeout=60)
-        time.sleep(0.2)
+        wait_until(lambda: r.xpending(K.requests, "test")["pending"] == 0, 10, "the terminal ack")
     replay = collect(r, "p1", timeout_s=5)  # subscribes after the end: still sees everything
     assert replay == live and replay[-1]["type"] in ("done", "error")
 
@@ -77,8 +77,7 @@ def test_cancel_mid_generation_frees_blocks(redis_server, r, tiny_model):
         enqueue(
             r, {"id": "c1", "prompt": "cancel me", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
         )
-        while r.xlen(K.out("c1")) < 3:
-            time.sleep(0.005)
+        wait_until(lambda: r.xlen(K.out("c1")) >= 3, 60, "first tokens")
         assert engine.stats().num_kv_blocks_used > 0
         r.publish(K.cancel_channel, "c1")
         events = collect(r, "c1", timeout_s=30)
@@ -120,8 +119,8 @@ def test_bad_input_then_still_serving(redis_server, r, tiny_model):
         b'{"id": "e6", "prompt": "x", "max_tokens": 5000}': "max_tokens_too_large",
         b'{"id": "e7", "prompt": "x", "n": 3, "temperature": 0}': "invalid_params",
     }
-    limits = Limits(max_prompt_tokens=100, max_tokens=2000)
-    with running_worker(real_engine(tiny_model), redis_server.url, limits=limits):
+    limits = Limits(max_tokens=2000)
+    with running_worker(real_engine(tiny_model, max_prompt_tokens=100), redis_server.url, limits=limits):
         for raw in bad:
             r.xadd(K.requests, {b"job": raw})
         enqueue(r, {"id": "ok", "prompt": "fine", "max_tokens": 4, "temperature": 0})

@@ -6,8 +6,8 @@ import time
 
 import pytest
 import redis
-from worker_fakes import FakeEngine, running_worker
 
+from tests.helpers.worker_fakes import FakeEngine, running_worker
 from worker import local_redis
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig

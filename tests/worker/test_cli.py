@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from worker_fakes import FakeEngine, running_worker
 
+from tests.helpers.worker_fakes import FakeEngine, running_worker
 from worker import local_redis
 from worker.cli import main
 
@@ -21,14 +21,21 @@ class _Built(Exception):
     pass
 
 
-def test_worker_options_come_from_the_environment(monkeypatch):
+@pytest.fixture
+def no_engine(monkeypatch):
+    """LLMEngine replaced by one that raises _Built: the test sees whether (and how) a model was loaded."""
     import engine
 
     def fake_engine(model, **kw):
         raise _Built(model, kw)
 
     monkeypatch.setattr(engine, "LLMEngine", fake_engine, raising=False)
+
+
+@pytest.mark.redis
+def test_worker_options_come_from_the_environment(no_engine, redis_server):
     env = {"CONVEYOR_MODEL": "/some/model", "CONVEYOR_MAX_NUM_SEQS": "7", "CONVEYOR_WORKER_BLOCK_SIZE": "32"}
+    env["CONVEYOR_REDIS_URL"] = redis_server.url
     result = CliRunner().invoke(main, ["worker", "--no-enable-prefix-caching"], env=env)
     assert isinstance(result.exception, _Built), result.output
     model, kw = result.exception.args
@@ -93,3 +100,63 @@ def test_demo_runs_a_whole_round(tmp_path, tiny_model):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "started a local redis-server" in done.stdout and "tokens/s through Redis" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [("http://127.0.0.1:6379/0", "redis://"), ("redis://127.0.0.1:abc/0", "Port could not be cast")],
+)
+def test_a_bad_redis_url_is_a_usage_error_before_the_model_loads(no_engine, url, reason):
+    result = CliRunner().invoke(main, ["worker", "--model", "/some/model", "--redis-url", url])
+    assert result.exit_code == 2 and not isinstance(result.exception, _Built), result.output
+    assert "--redis-url" in result.output and reason in result.output
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_redis_fails_the_start_after_bounded_tries(no_engine):
+    url = f"redis://127.0.0.1:{local_redis.free_port()}/0"  # nothing listens there
+    result = CliRunner().invoke(main, ["worker", "--model", "/some/model", "--redis-url", url])
+    assert result.exit_code == 1 and not isinstance(result.exception, _Built), result.output
+    assert "cannot reach Redis" in result.output
+
+
+@pytest.mark.redis
+def test_an_evicting_redis_is_refused_unless_allowed(no_engine, redis_server, r):
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        args = ["worker", "--model", "/some/model", "--redis-url", redis_server.url]
+        refused = CliRunner().invoke(main, args)
+        allowed = CliRunner().invoke(main, [*args, "--allow-eviction"])
+        from_env = CliRunner().invoke(main, args, env={"CONVEYOR_ALLOW_EVICTION": "1"})
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    assert refused.exit_code == 1 and not isinstance(refused.exception, _Built), refused.output
+    assert "maxmemory-policy is 'allkeys-lru'" in refused.output and "--allow-eviction" in refused.output
+    for result in (allowed, from_env):
+        assert isinstance(result.exception, _Built), result.output  # went on to load the model
+        assert "REDIS MAY EVICT WORKER KEYS" in result.output
+
+
+@pytest.mark.redis
+def test_volatile_policies_are_refused_too(no_engine, redis_server, r):
+    """Output streams carry a TTL, so volatile-* policies can evict them."""
+    r.config_set("maxmemory-policy", "volatile-ttl")
+    try:
+        result = CliRunner().invoke(main, ["worker", "--model", "/m", "--redis-url", redis_server.url])
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    assert result.exit_code == 1 and "volatile-ttl" in result.output
+
+
+@pytest.mark.redis
+def test_a_server_without_config_is_let_through_with_a_warning(redis_server, r):
+    from unittest import mock
+
+    import structlog
+
+    from worker.preflight import check_eviction_policy
+
+    with mock.patch.object(r, "config_get", side_effect=__import__("redis").ResponseError("unknown command")):
+        with structlog.testing.capture_logs() as logs:
+            assert check_eviction_policy(r, allow_eviction=False) is None
+    assert any("CONFIG unavailable" in e["event"] for e in logs)

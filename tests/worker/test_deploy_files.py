@@ -42,6 +42,9 @@ def test_compose_gpu_default_scales():
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "healthcheck" in worker and "healthcheck" in spec["services"]["redis"]
     assert any(v["target"] == "/models" for v in worker["volumes"])
+    command = spec["services"]["redis"]["command"]
+    # An evicting policy drops queued jobs and output streams; workers refuse to start on one.
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction" and "--maxmemory" in command
 
 
 def test_compose_cpu_override_drops_the_gpu():

@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from worker_fakes import real_engine, running_worker
+
+from tests.helpers.worker_fakes import real_engine, running_worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -6,14 +6,20 @@ import json
 import time
 
 import pytest
-from worker_fakes import FakeEngine, running_worker
 
+from tests.helpers.worker_fakes import FakeEngine, blocked_clients, running_worker, wait_until
 from worker.client import collect, enqueue
 from worker.keys import Keys
 from worker.protocol import parse_event
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 K = Keys()
+
+
+def settled(r, pending: int = 0) -> bool:
+    """Every entry read by the group, and `pending` of them not yet acknowledged."""
+    group = r.xinfo_groups(K.requests)[0]
+    return group["lag"] == 0 and group["pending"] == pending
 
 
 def text_of(events):
@@ -97,8 +103,7 @@ def test_cancel_mid_generation_frees_blocks(redis_server, r, how):
     with running_worker(engine, redis_server.url):
         enqueue(r, {"id": "c1", "prompt": "long one", "max_tokens": 400})
         key = K.out("c1")
-        while r.xlen(key) < 3:
-            time.sleep(0.005)
+        wait_until(lambda: r.xlen(key) >= 3, 10, "first tokens")
         if how == "publish":
             r.publish(K.cancel_channel, "c1")
         else:
@@ -126,8 +131,7 @@ def test_finished_id_is_not_run_again_and_running_id_not_twice(redis_server, r):
         enqueue(r, {"id": "d1", "prompt": "x", "max_tokens": 60})  # while it runs
         first = collect(r, "d1", timeout_s=10)
         enqueue(r, {"id": "d1", "prompt": "x", "max_tokens": 60})  # after it finished
-        time.sleep(0.5)
-        assert r.xpending(K.requests, "test")["pending"] == 0
+        wait_until(lambda: settled(r), 10, "the third entry to be read and acknowledged")
     events = [json.loads(f[b"event"]) for _, f in r.xrange(K.out("d1"))]
     assert events == first and len(events) == 61
 
@@ -174,9 +178,11 @@ def test_restart_under_same_name_finishes_own_pending(redis_server, r):
 def test_max_wait_fills_the_first_batch(redis_server, r, max_wait_ms, first_batch):
     engine = FakeEngine()
     with running_worker(engine, redis_server.url, max_wait_ms=max_wait_ms):
-        time.sleep(0.2)  # idle, blocked in XREADGROUP
+        wait_until(lambda: blocked_clients(r) >= 1, 10, "the idle worker to block in XREADGROUP")
         enqueue(r, {"id": "w1", "prompt": "x", "max_tokens": 40})
-        time.sleep(0.15)
+        # w1 is read; then either stepped alone (max_wait 0) or gathering more in a new blocking read.
+        wait_until(lambda: settled(r, pending=1), 10, "w1 to be read")
+        wait_until(lambda: engine.batch_sizes or blocked_clients(r) >= 1, 10, "a step or a gathering read")
         enqueue(r, {"id": "w2", "prompt": "y", "max_tokens": 40})
         collect(r, "w1", timeout_s=10)
         collect(r, "w2", timeout_s=10)
@@ -189,8 +195,7 @@ def test_reads_only_what_fits(redis_server, r):
     with running_worker(engine, redis_server.url):
         for k in range(6):
             enqueue(r, {"id": f"f{k}", "prompt": "x", "max_tokens": 30})
-        while r.xlen(K.out("f0")) < 5:
-            time.sleep(0.01)
+        wait_until(lambda: r.xlen(K.out("f0")) >= 5, 20, "f0's first tokens")
         group = r.xinfo_groups(K.requests)[0]
         assert group["pending"] <= 2 and group["lag"] >= 4
         assert max(engine.batch_sizes) <= 2

@@ -70,6 +70,32 @@ def test_parse_entry_errors(raw, code, has_id):
     assert info.value.code == code and (info.value.job_id is not None) == has_id
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"id": "x", "prompt": "p", "max_tokens": 4, "max_tokens": 8}',  # both valid: last would win
+        b'{"id": "x", "messages": [{"role": "user", "role": "system", "content": "c"}]}',  # nested
+    ],
+)
+def test_duplicate_keys_are_refused(raw):
+    """docs/threat-model.md: a key given twice is refused, not resolved by "last one wins"."""
+    with pytest.raises(JobError) as info:
+        parse_entry({b"job": raw}, Limits())
+    assert info.value.code == ErrorCode.INVALID_JOB and info.value.job_id == "x"
+    assert "duplicate key" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("field", "literal"), [("temperature", "NaN"), ("top_p", "Infinity"), ("presence_penalty", "-Infinity")]
+)
+def test_non_finite_sampling_values_are_refused_as_such(field, literal):
+    raw = f'{{"id": "x", "prompt": "p", "{field}": {literal}}}'.encode()
+    with pytest.raises(JobError) as info:
+        parse_entry({b"job": raw}, Limits())
+    assert info.value.code == ErrorCode.INVALID_PARAMS
+    assert info.value.message.startswith(f"{field}: must be a finite number")
+
+
 def test_resume_reads_prior_tokens_and_next_seq():
     def entry(seq, event):
         return (f"0-{seq}".encode(), {b"event": json.dumps(event).encode()})

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import pytest
 import structlog
-from worker_fakes import FakeEngine, running_worker
 
+from tests.helpers.worker_fakes import FakeEngine, running_worker, wait_until
 from worker import local_redis
 from worker.client import collect, enqueue
 from worker.connection import connect
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+
+
+def scrape(port: int, needle: str) -> str | None:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return body if needle in body else None
 
 
 def test_worker_survives_a_redis_restart():
@@ -26,7 +30,7 @@ def test_worker_survives_a_redis_restart():
             enqueue(client, {"id": "before", "prompt": "x", "max_tokens": 3})
             assert collect(client, "before", timeout_s=10)[-1]["type"] == "done"
             server.stop()
-            time.sleep(1.0)  # the worker notices and backs off
+            wait_until(lambda: any(e["event"] == "redis unavailable, retrying" for e in logs), 10, "a retry")
             server = local_redis.start(port=server.port)  # empty: no persistence, the group is gone
             client = connect(server.url)
             enqueue(client, {"id": "after", "prompt": "x", "max_tokens": 3})
@@ -43,8 +47,7 @@ def test_metrics_endpoint(redis_server, r):
         worker.metrics.serve(port)
         enqueue(r, {"id": "m1", "prompt": "x", "max_tokens": 3})
         collect(r, "m1", timeout_s=10)
-        time.sleep(0.3)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        body = wait_until(lambda: scrape(port, 'outcome="length"'), 10, "the job's outcome in /metrics")
     for name in (
         "conveyor_queue_depth",
         "conveyor_running_requests",

@@ -7,11 +7,10 @@ waits are lower bounds (the lease must have lapsed), never races.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from worker_fakes import FakeEngine
 
+from tests.helpers.worker_fakes import FakeEngine, wait_until
 from worker.client import enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
@@ -38,6 +37,12 @@ def tick_until(worker: Worker, done, what: str, limit: int = 200) -> None:
     raise AssertionError(f"{worker.cfg.consumer}: no {what} after {limit} ticks")
 
 
+def lease_lapsed(r, job_id: str) -> bool:
+    pending = r.xpending_range(K.requests, "test", "-", "+", 10)
+    idle = all(p["time_since_delivered"] > LEASE_MS for p in pending)
+    return bool(pending) and idle and not r.exists(K.owner(job_id))
+
+
 def events(r, job_id: str) -> list[dict]:
     return [json.loads(f[EVENT_FIELD]) for _, f in r.xrange(K.out(job_id))]
 
@@ -57,12 +62,14 @@ def test_stale_worker_loses_the_terminal_write_and_leaves_the_entry_pending(redi
         tick_until(a, lambda: len(events(r, "j")) >= 3, "token events")
         # A cancel only A heard ends the job in A's engine; A's next tick writes the token event of the
         # step before and queues the terminal `done` for the round after. Then A freezes.
-        a._abort(a.inflight["j"], "cancel")
+        a.aborter.abort(a.inflight["j"], "cancel")
         tick_until(a, lambda: "j" not in a.inflight, "terminal event queued")
         written_by_a = len(events(r, "j"))
-        assert events(r, "j")[-1]["type"] == "token" and len(a.next), "A's terminal is not sent yet"
+        assert events(r, "j")[-1]["type"] == "token" and len(a.carry), "A's terminal is not sent yet"
 
-        time.sleep(LEASE_MS / 1000 * 1.5)  # A's lease lapses: its owner key and pending idle time
+        wait_until(
+            lambda: lease_lapsed(r, "j"), 10, "A's lease to lapse: its owner key and pending idle time"
+        )
         tick_until(b, lambda: "j" in b.inflight, "takeover")
         tick_until(b, lambda: len(events(r, "j")) >= written_by_a + 2, "B's events")
         close(b)  # B crashes mid-job

@@ -24,3 +24,15 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def greedy_agrees(model, prompt: list[int], got: list[int], expected: list[int], tie: float = 1e-4) -> bool:
+    """`got` equals transformers' greedy `expected`, or first differs where transformers' own top-2 logits are
+    within `tie` (either token is a correct greedy choice there; what follows is then no longer comparable)."""
+    for j, (a, b) in enumerate(zip(got, expected, strict=False)):
+        if a != b:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + expected[:j]])).logits[0, -1].float()
+            top = logits.topk(2).values
+            return bool(top[0] - top[1] <= tie) and a in logits.topk(2).indices.tolist()
+    return len(got) == len(expected)

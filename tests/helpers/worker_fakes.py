@@ -9,10 +9,14 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from engine import Chat, EngineClient, Prompt, RejectReason, RequestRejected, SamplingParams
 from engine.outputs import EngineStats, StepDelta
+from tests.helpers.waiting import wait_until  # noqa: F401 (re-exported for the worker tests)
 from worker.config import WorkerConfig
 from worker.connection import connect
 from worker.loop import Worker
@@ -34,7 +38,7 @@ class _Sample:
     request_id: str
     index: int
     prompt: list[int]
-    params: object
+    params: SamplingParams
     out: list[int] = field(default_factory=list)
     emitted_from: int = 0
     aborted: bool = False
@@ -42,10 +46,16 @@ class _Sample:
 
 class FakeEngine:
     def __init__(
-        self, max_num_seqs: int = 64, num_blocks: int = 4096, block_size: int = 16, step_s: float = 0.002
+        self,
+        max_num_seqs: int = 64,
+        num_blocks: int = 4096,
+        block_size: int = 16,
+        step_s: float = 0.002,
+        max_prompt_tokens: int | None = None,
     ):
         self.tokenizer = FakeTokenizer()
         self.max_model_len = 512
+        self.max_prompt_tokens = min(max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
         self.max_num_seqs, self.num_blocks, self.block_size, self.step_s = (
             max_num_seqs,
             num_blocks,
@@ -56,20 +66,41 @@ class FakeEngine:
         self.generated = 0
         self.batch_sizes: list[int] = []  # requests in each step, for batching tests
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+    def _encode(self, prompt: Prompt) -> list[int]:
+        # Like LLMEngine, the fake renders chat messages and tokenizes: the worker hands prompts over as is.
+        if isinstance(prompt, Chat):
+            prompt = "".join(f"<{m['role']}>{m['content']}" for m in prompt.messages) + "<assistant>"
+        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def add_request(self, request_id, prompt, params, *, priority=0, prior_output_token_ids=None):
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        prior_output_token_ids: Sequence[Sequence[int]] | None = None,
+        arrival_time: float | None = None,
+    ) -> int:
+        params = params or SamplingParams()
         if any(s.request_id == request_id for s in self.samples):
-            raise ValueError(f"request {request_id} is already running")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            raise RequestRejected(RejectReason.DUPLICATE_ID, f"request {request_id} is already running")
+        ids = self._encode(prompt)
         if any(t >= len(self.tokenizer) for t in ids):
-            raise ValueError("prompt token ids out of range")
+            raise RequestRejected(RejectReason.BAD_TOKEN_IDS, "prompt token ids out of range")
+        if len(ids) > self.max_prompt_tokens:
+            raise RequestRejected(
+                RejectReason.PROMPT_TOO_LONG,
+                f"prompt has {len(ids)} tokens, the limit is {self.max_prompt_tokens}",
+            )
         if len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError("prompt plus max_tokens exceeds max_model_len")
+            raise RequestRejected(
+                RejectReason.TOO_LONG_FOR_MODEL, "prompt plus max_tokens exceeds max_model_len"
+            )
         for k in range(params.n):
             prior = list(prior_output_token_ids[k]) if prior_output_token_ids else []
             self.samples.append(_Sample(request_id, k, ids, params, prior, len(prior)))
+        return len(ids)
 
     @staticmethod
     def token(sample: _Sample, position: int) -> int:
@@ -128,12 +159,19 @@ class FakeEngine:
         return self.max_num_seqs - len(self.samples), self.num_blocks - self.blocks_used()
 
     def expected_text(self, prompt: str, max_tokens: int, seed: int | None = None, sample: int = 0) -> str:
-        from engine import SamplingParams
-
         s = _Sample(
             "x", sample, self.tokenizer.encode(prompt), SamplingParams(max_tokens=max_tokens, seed=seed)
         )
         return self.tokenizer.decode([self.token(s, j) for j in range(max_tokens)])
+
+
+if TYPE_CHECKING:  # mypy (.ci/run) checks that the fake is an EngineClient, signatures included
+    _: EngineClient = FakeEngine()
+
+
+def blocked_clients(client) -> int:
+    """Clients blocked in Redis (an idle worker waits in XREADGROUP BLOCK)."""
+    return int(client.info("clients")["blocked_clients"])
 
 
 @contextmanager

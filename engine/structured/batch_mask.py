@@ -1,0 +1,55 @@
+"""One token bitmask per step for the whole batch, applied to the logits before sampling.
+
+    logits [B, V_head] float32     bitmask [B, ceil(V_head / 32)] int32, bit j of row i: token j allowed
+    row i constrained  -> filled by its matcher, disallowed logits set to -inf (xgrammar's CPU/GPU kernel)
+    row i free         -> not filled, not touched (`indices` names the constrained rows only)
+
+The mask is as wide as the LM head (`vocab_size`), which can be wider than the tokenizer: xgrammar never
+allows ids it has no token for, and columns past `vocab_size` (padding) are set to -inf here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# (row in the batch, its xgrammar.GrammarMatcher)
+MaskRows = list[tuple[int, Any]]
+
+
+def apply_grammar_masks(logits: torch.Tensor, rows: MaskRows, vocab_size: int) -> torch.Tensor:
+    """Mask `logits` [B, >= vocab_size] in place for the constrained `rows`; returns it."""
+    if not rows:
+        return logits
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(logits.shape[0], vocab_size)  # all bits set: everything allowed
+    for i, matcher in rows:
+        matcher.fill_next_token_bitmask(bitmask, i)
+    indices = [i for i, _ in rows]
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=indices)
+    if logits.shape[1] > vocab_size:
+        logits[indices, vocab_size:] = float("-inf")
+    return logits
+
+
+class GrammarMaskingSampler:
+    """Wraps the engine's sampler (called as `sampler(logits, requests)`): masks first, then samples.
+
+    `rows_for(requests)` names the constrained rows of this batch; the wrapped sampler is untouched, so
+    a batch without constraints costs one dict lookup per row.
+    """
+
+    def __init__(self, sampler: Any, rows_for: Callable[[list], MaskRows], vocab_size: int) -> None:
+        self.sampler, self.rows_for, self.vocab_size = sampler, rows_for, vocab_size
+
+    def __call__(self, logits: torch.Tensor, requests: list) -> Any:
+        logits = apply_grammar_masks(logits, self.rows_for(requests), self.vocab_size)
+        return self.sampler(logits, requests)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)

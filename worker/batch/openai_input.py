@@ -1,0 +1,158 @@
+"""One line of an OpenAI Batch input file -> a Conveyor job, or the reason it cannot run.
+
+    {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": ..., "messages": [...]}}
+
+Body fields map to job fields under the names of docs/protocol.md. A field that Conveyor cannot honour
+(tools, logit_bias, streaming, several prompts...) fails the line, never silently changes its meaning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
+
+# Same name and meaning in the body and in a job.
+_SHARED = (
+    "n",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    # vLLM's extensions to the OpenAI bodies
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "structured_outputs",
+)
+# Accepted and ignored: they change nothing about the tokens (the model is whatever the workers serve).
+_IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls")
+_OFF_OR_ABSENT = {"stream": False, "echo": False, "logprobs": False, "tools": None, "functions": None}
+
+
+class LineError(ValueError):
+    """The line cannot become a job. `code` goes into the output line's error object."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    custom_id: str
+    url: str
+    job: dict  # ready to enqueue (worker.client.enqueue)
+    model: str  # echoed in the response body
+
+
+def parse_custom_id(line: str) -> str | None:
+    """The custom_id of a line, or None when the line has none (it then fails in parse_line)."""
+    try:
+        value = json.loads(line).get("custom_id")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def job_id_for(line: str) -> str:
+    """Deterministic: a rerun after a crash enqueues the same id, so the worker deduplicates it and the
+    runner collects the events of the job already run (or running)."""
+    return "batch-" + hashlib.sha256(line.strip().encode()).hexdigest()[:32]
+
+
+def parse_line(line: str) -> BatchRequest:
+    try:
+        entry = json.loads(line)
+    except ValueError as exc:
+        raise LineError("invalid_json", f"line is not JSON: {exc}") from None
+    if not isinstance(entry, dict):
+        raise LineError("invalid_request", "line is not a JSON object")
+    custom_id, method, url, body = (entry.get(k) for k in ("custom_id", "method", "url", "body"))
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineError("invalid_request", "custom_id must be a non-empty string")
+    if method != "POST":
+        raise LineError("invalid_request", f"method must be POST, got {method!r}")
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        raise LineError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
+    if not isinstance(body, dict):
+        raise LineError("invalid_request", "body must be a JSON object")
+    body = dict(body)
+    job: dict = {"id": job_id_for(line)}
+    if url == CHAT_URL:
+        job["messages"] = _messages(body.pop("messages", None))
+        _tokens_limit(body, job, "max_completion_tokens", "max_tokens")
+        if body.pop("logprobs", False) or body.pop("top_logprobs", None) is not None:
+            raise LineError("unsupported_field", "logprobs are not supported by conveyor batch")
+    else:
+        job.update(_prompt(body.pop("prompt", None)))
+        _tokens_limit(body, job, "max_tokens")
+        if body.pop("logprobs", None) is not None:
+            raise LineError("unsupported_field", "logprobs are not supported by conveyor batch")
+        best_of = body.pop("best_of", None)
+        if best_of is not None and best_of != body.get("n", 1):
+            raise LineError("unsupported_field", "best_of other than n is not supported")
+    if "response_format" in body:
+        job["response_format"] = body.pop("response_format")
+    for name in _SHARED:
+        if name in body:
+            job[name] = body.pop(name)
+    model = body.pop("model", None)
+    for name in _IGNORED:
+        body.pop(name, None)
+    for name, allowed in _OFF_OR_ABSENT.items():
+        if name in body and body.pop(name) not in (allowed, None):
+            raise LineError("unsupported_field", f"{name} is not supported by conveyor batch")
+    if body:
+        raise LineError("unsupported_field", f"fields not supported: {', '.join(sorted(body))}")
+    return BatchRequest(custom_id, url, job, model if isinstance(model, str) else "conveyor")
+
+
+def _tokens_limit(body: dict, job: dict, *names: str) -> None:
+    values = [body.pop(n) for n in names if body.get(n) is not None]
+    if values:
+        job["max_tokens"] = values[0]
+    for n in names:
+        body.pop(n, None)
+
+
+def _messages(messages: object) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise LineError("invalid_request", "messages must be a non-empty list")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise LineError("invalid_request", "each message needs a role")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise LineError("unsupported_field", f"message fields not supported: {', '.join(sorted(extra))}")
+        out.append({"role": m["role"], "content": _content(m.get("content"))})
+    return out
+
+
+def _content(content: object) -> str:
+    """A string, or a list of text parts (joined); images, audio and files cannot be honoured."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    raise LineError("unsupported_field", "message content must be text")
+
+
+def _prompt(prompt: object) -> dict:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str) and prompt:
+        return {"prompt": prompt}
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return {"prompt_token_ids": prompt}
+    raise LineError("invalid_request", "prompt must be one non-empty string or one list of token ids")

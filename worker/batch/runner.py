@@ -1,0 +1,144 @@
+"""Stream an OpenAI Batch file through the workers with a bounded number of jobs in flight.
+
+    input line ─▶ parse ─▶ XADD job ─▶ (≤ max_in_flight) ─▶ XREAD out:<id> … ─▶ terminal event ─▶ output line
+
+Memory: the jobs in flight plus the set of custom_ids seen (needed to refuse duplicates and to resume);
+lines are read and written one at a time. Job ids are derived from the line, so a rerun after a crash
+re-enqueues the same ids: the workers deduplicate them and the runner reads the events of the run it lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import redis
+
+from worker.batch.openai_input import BatchRequest, LineError, parse_custom_id, parse_line
+from worker.batch.openai_output import from_event, line_error
+from worker.batch.progress import Progress
+from worker.batch.resume import DUPLICATE, read_answered
+from worker.client import enqueue
+from worker.keys import EVENT_FIELD, Keys
+
+
+@dataclass
+class _InFlight:
+    request: BatchRequest
+    last_id: bytes = b"0"
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    total: int
+    skipped: int  # answered by an earlier run
+    done: int
+    failed: int
+    completion_tokens: int
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        max_in_flight: int = 256,
+        block_ms: int = 1000,
+        progress: bool | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.client, self.keys = client, keys
+        self.max_in_flight, self.block_ms, self.progress = max_in_flight, block_ms, progress
+
+    def run(self, input_path: str, output_path: str, errors_path: str | None = None) -> BatchSummary:
+        answered = read_answered(output_path)
+        total = sum(1 for line in _lines(input_path))
+        skipped = sum(1 for line in _lines(input_path) if parse_custom_id(line) in answered.custom_ids)
+        bar = Progress(total, skipped, self.progress)
+        inflight: dict[str, _InFlight] = {}
+        seen: set[str] = set()
+        with open(output_path, "a", encoding="utf-8") as out, _maybe_open(errors_path) as errors:
+            self._out, self._errors, self._bar = out, errors, bar
+            for line in _lines(input_path):
+                custom_id = parse_custom_id(line)
+                if custom_id is not None and custom_id in seen:
+                    if answered.duplicates[custom_id] > 0:
+                        answered.duplicates[custom_id] -= 1
+                    else:
+                        self._write(
+                            line_error(custom_id, DUPLICATE, "custom_id already used by an earlier line"),
+                            False,
+                        )
+                    continue
+                if custom_id is not None:
+                    seen.add(custom_id)
+                    if custom_id in answered.custom_ids:
+                        continue
+                try:
+                    request = parse_line(line)
+                except LineError as exc:
+                    self._write(line_error(custom_id or "", exc.code, exc.message), False)
+                    continue
+                while len(inflight) >= self.max_in_flight:
+                    self._collect(inflight)
+                enqueue(self.client, request.job, self.keys)
+                inflight[self.keys.out(request.job["id"])] = _InFlight(request)
+            while inflight:
+                self._collect(inflight)
+        bar.close()
+        return BatchSummary(total, skipped, bar.done, bar.failed, bar.tokens)
+
+    def _collect(self, inflight: dict[str, _InFlight]) -> None:
+        """Read what the in-flight jobs' streams gained (blocking up to block_ms); write finished jobs."""
+        # Any: redis-py types replies for both decode modes; this client's are bytes (worker.connection).
+        reply: Any = self.client.xread(
+            {k: p.last_id for k, p in inflight.items()}, block=self.block_ms, count=256
+        )
+        for key, entries in reply or []:
+            key = key.decode() if isinstance(key, bytes) else key
+            pending = inflight.get(key)
+            if pending is None:
+                continue
+            for entry_id, fields in entries:
+                pending.last_id = entry_id
+                event = json.loads(fields[EVENT_FIELD])
+                if event.get("type") in ("done", "error"):
+                    r = pending.request
+                    line, ok, tokens = from_event(r.custom_id, r.url, r.model, r.job["id"], event)
+                    self._write(line, ok, tokens)
+                    del inflight[key]
+                    break
+
+    def _write(self, line: str, ok: bool, tokens: int = 0) -> None:
+        # One write of a whole line, then flush: a crash leaves whole lines (or a last partial one that
+        # resume.py cuts off).
+        self._out.write(line)
+        self._out.flush()
+        if not ok and self._errors is not None:
+            self._errors.write(line)
+            self._errors.flush()
+        self._bar.finished(ok, tokens)
+
+
+def _lines(path: str) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield line
+
+
+class _maybe_open:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.file: IO[str] | None = None
+
+    def __enter__(self) -> IO[str] | None:
+        self.file = open(self.path, "a", encoding="utf-8") if self.path else None
+        return self.file
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()

@@ -1,0 +1,98 @@
+"""Checks before a worker loads its model: a Redis URL that can work, a server that answers, and a memory
+policy that will not evict the worker's keys.
+
+Any `maxmemory-policy` but `noeviction` lets Redis delete keys when it is full: `allkeys-*` the requests
+stream itself (jobs vanish without an event), `volatile-*` every key with a TTL, which includes every
+output stream (clients lose events mid-job; the next write recreates the stream with a gap). So the
+worker refuses such a server unless told `--allow-eviction`. A server that hides CONFIG (managed Redis
+often renames it) is let through with a warning: the operator has to check the policy.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+import structlog
+
+from worker.connection import DOWN_ERRORS, Backoff
+
+
+def _log():
+    # A fresh logger per call: these run once, before (and while) logging is configured for the run.
+    return structlog.get_logger("conveyor.worker")
+
+
+START_TRIES = 8  # about 6 s of capped back-off (0.05 s doubling) before a worker gives up at start
+
+
+class PreflightError(RuntimeError):
+    """The worker must not start; the message says why and what to do."""
+
+
+def check_url(url: str) -> str:
+    """The URL as redis-py will read it, or ValueError with redis-py's reason (scheme, port...)."""
+    redis.connection.parse_url(url)
+    return url
+
+
+def wait_reachable(client: redis.Redis, url: str, tries: int = START_TRIES) -> None:
+    """PING until it answers, at most `tries` times: a wrong host or port fails the start, not the first job."""
+    backoff = Backoff()
+    for attempt in range(1, tries + 1):
+        try:
+            client.ping()
+            return
+        except redis.AuthenticationError:
+            raise
+        except DOWN_ERRORS as exc:
+            if attempt == tries:
+                raise PreflightError(
+                    f"cannot reach Redis at {_safe(url)} after {tries} tries: {exc}"
+                ) from exc
+            delay = backoff.next_delay()
+            _log().warning("redis not reachable yet", error=str(exc), attempt=attempt, retry_in_s=delay)
+            time.sleep(delay)
+
+
+def check_eviction_policy(client: redis.Redis, allow_eviction: bool) -> str | None:
+    """The server's maxmemory-policy (None when CONFIG is unavailable). Raises PreflightError on an
+    evicting policy unless allow_eviction, in which case it logs a loud warning and goes on."""
+    try:
+        # Any: redis-py types replies for both decode modes; the key is bytes or str accordingly.
+        reply: Any = client.config_get("maxmemory-policy")
+    except redis.ResponseError as exc:  # CONFIG disabled, renamed, or denied by ACL
+        _log().warning(
+            "cannot read maxmemory-policy (CONFIG unavailable): make sure it is noeviction, or Redis may "
+            "drop queued jobs and output streams when full",
+            error=str(exc),
+        )
+        return None
+    policy = _text(reply.get(b"maxmemory-policy", reply.get("maxmemory-policy")))
+    if policy is None or policy == "noeviction":
+        return policy
+    if not allow_eviction:
+        raise PreflightError(
+            f"Redis maxmemory-policy is {policy!r}: when full, Redis may evict the requests stream or output "
+            "streams (jobs lost without an event, streams with gaps). Set maxmemory-policy noeviction, or "
+            "pass --allow-eviction (CONVEYOR_ALLOW_EVICTION=1) to run anyway."
+        )
+    _log().warning(
+        "REDIS MAY EVICT WORKER KEYS: running with --allow-eviction on an evicting maxmemory-policy; "
+        "jobs and events can be lost when Redis is full",
+        policy=policy,
+    )
+    return policy
+
+
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for messages."""
+    parsed = redis.connection.urlparse(url)
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@")
+    return url

@@ -1,0 +1,58 @@
+"""Stopping a worker: the first signal asks for a warm stop (drain), the second for a cold one (exit now).
+
+Signal handlers only call `request()`. Everything that waits (back-off after a Redis error, an idle loop)
+waits on `sleep()`, which wakes at once when a stop is asked for, so a stop is bounded by the drain timeout
+even while Redis is unreachable or full.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class StopRequested(Exception):
+    """Raised out of a retry loop when the stop's time is up: the worker ends without finishing the action."""
+
+
+class StopFlag:
+    def __init__(self, drain_timeout_s: float = 30.0) -> None:
+        self.drain_timeout_s = drain_timeout_s
+        self.warm = threading.Event()
+        self.cold = threading.Event()
+        self.drain_deadline: float | None = None  # time.monotonic() when a warm stop turns cold
+
+    def request(self) -> None:
+        if self.warm.is_set():
+            self.cold.set()
+            return
+        self.drain_deadline = time.monotonic() + self.drain_timeout_s
+        self.warm.set()
+
+    def expired(self) -> bool:
+        """A cold stop, or a warm one whose drain time is over: stop waiting for Redis."""
+        if self.cold.is_set():
+            return True
+        return self.drain_deadline is not None and time.monotonic() >= self.drain_deadline
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`; return early on a new stop request or when the drain time runs out."""
+        end = time.monotonic() + seconds
+        if not self.warm.is_set():
+            self.warm.wait(seconds)  # a first signal wakes the sleeper
+        while not self.expired() and (left := end - time.monotonic()) > 0:
+            deadline_left = (self.drain_deadline or end) - time.monotonic()
+            self.cold.wait(max(0.0, min(left, deadline_left)))
+
+
+class IdleStop:
+    """A StopFlag seen by a worker with nothing to drain: any stop request ends the wait."""
+
+    def __init__(self, flag: StopFlag) -> None:
+        self.flag = flag
+
+    def expired(self) -> bool:
+        return self.flag.warm.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        self.flag.sleep(seconds)
