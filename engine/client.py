@@ -24,11 +24,13 @@ class EngineClient(Protocol):
         priority: int = 0,
         prior_output_token_ids: Sequence[Sequence[int]] | None = None,
         arrival_time: float | None = None,
+        max_tokens_cap: int | None = None,
     ) -> int:
         """Queue a request (templating and tokenizing it); return its number of prompt tokens.
 
         Raises `engine.errors.RequestRejected` (with a `RejectReason`) if it can never run; then nothing of
         it is kept. `prior_output_token_ids` (one list per sample) resumes a request started elsewhere.
+        `params.max_tokens=None`: until the context is full, at most `max_tokens_cap` tokens when given.
         """
         ...
 

@@ -30,6 +30,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import GrammarMaskingSampler
 from engine.structured.manager import StructuredOutputManager
+from engine.token_pieces import TokenPieces
 from engine.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
@@ -60,6 +61,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model)
         # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.
         self._decoder = cast(Decoder, self.tokenizer)
+        self._pieces = TokenPieces(self.tokenizer)
         self.max_model_len = self._resolve_max_model_len()
         # Longest prompt accepted: the option, and always room for one generated token.
         self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
@@ -120,6 +122,7 @@ class LLMEngine:
         priority: int = 0,
         prior_output_token_ids: Sequence[Sequence[int]] | None = None,
         arrival_time: float | None = None,
+        max_tokens_cap: int | None = None,
     ) -> int:
         """Queue a request; return its number of prompt tokens. Raises `RequestRejected` if it can never run.
 
@@ -127,6 +130,8 @@ class LLMEngine:
         (rendered with the model's chat template, whose own special tokens are kept and not doubled).
         `prior_output_token_ids` (one list per sample) resumes a request whose first tokens were generated
         elsewhere: they count towards `max_tokens`, and only tokens after them are emitted.
+        `params.max_tokens=None` means until the context is full (max_model_len minus the prompt), and no
+        more than `max_tokens_cap` when that is given.
         """
         params = params or SamplingParams()
         if request_id in self._groups:
@@ -138,6 +143,10 @@ class LLMEngine:
                 RejectReason.PROMPT_TOO_LONG,
                 f"prompt has {len(prompt_ids)} tokens, the limit is {self.max_prompt_tokens}",
             )
+        if params.max_tokens is None:  # "until the context is full"; a prompt that fills it is refused below
+            room = self.max_model_len - len(prompt_ids)  # >= 1: max_prompt_tokens < max_model_len
+            cap = room if max_tokens_cap is None else min(room, max_tokens_cap)
+            params = params.model_copy(update={"max_tokens": max(1, cap)})
         priors = [list(p) for p in prior_output_token_ids] if prior_output_token_ids else [[]] * params.n
         if len(priors) != params.n:
             raise RequestRejected(
@@ -284,6 +293,7 @@ class LLMEngine:
             text_delta=text,
             first_index=first,
             logprobs=logprobs,
+            logprob_tokens=None if logprobs is None else self._pieces.for_logprobs(logprobs),
             finished=finish_reason is not None,
             finish_reason=finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,

@@ -26,6 +26,8 @@ class StepDelta:
     # including those of a resumed request).
     first_index: int
     logprobs: list[TokenLogprobs] | None = None
+    # Parallel to logprobs: each listed token's text piece (engine/token_pieces.py).
+    logprob_tokens: list[list[str]] | None = None
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
     num_prompt_tokens: int = 0

@@ -17,7 +17,8 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     n: int = Field(1, ge=1, le=64)
-    max_tokens: int = Field(16, ge=1)
+    # None: until the context is full (the engine resolves it to max_model_len minus the prompt on add_request).
+    max_tokens: int | None = Field(16, ge=1)
     min_tokens: int = Field(0, ge=0)
     # temperature 0 means greedy; below 1e-5 is treated as 0 as well.
     temperature: float = Field(1.0, ge=0.0, le=100.0)

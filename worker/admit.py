@@ -171,7 +171,12 @@ class Admitter:
             # The engine templates, tokenizes and checks the prompt's length and any response_format /
             # structured_outputs (parsed by the grammar engine: invalid_params); the worker never tokenizes.
             self.engine.add_request(
-                job.id, _prompt(job), params, priority=job.priority, prior_output_token_ids=prior
+                job.id,
+                _prompt(job),
+                params,
+                priority=job.priority,
+                prior_output_token_ids=prior,
+                max_tokens_cap=self.cfg.limits.max_tokens,  # for max_tokens=None (until the context is full)
             )
         except RequestRejected as rejected:
             raise job_error(rejected, job.id) from None

@@ -23,6 +23,8 @@ def token_event(delta, n: int) -> bytes:
         event["sample"] = delta.sample_index
     if delta.logprobs is not None:
         event["logprobs"] = [[list(pair) for pair in per_token] for per_token in delta.logprobs]
+        if delta.logprob_tokens is not None:
+            event["logprob_tokens"] = delta.logprob_tokens
     return _dump(event)
 
 

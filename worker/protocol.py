@@ -55,6 +55,8 @@ class Job(BaseModel):
     deadline_ms: int | None = Field(None, ge=0)
     # Sampling parameters: None means "the engine's default". Range checks are the engine's (SamplingParams).
     n: int | None = None
+    # Absent: the engine's default (16). An explicit null: until the context is full (capped by the
+    # worker's --max-tokens-limit when set, see worker.admit).
     max_tokens: int | None = None
     min_tokens: int | None = None
     temperature: float | None = None
@@ -86,7 +88,10 @@ class Job(BaseModel):
         return self
 
     def sampling_kwargs(self) -> dict:
-        return {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        kwargs = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        if self.max_tokens is None and "max_tokens" in self.model_fields_set:
+            kwargs["max_tokens"] = None  # an explicit null: until the model's context is full
+        return kwargs
 
 
 class TokenEvent(BaseModel):
@@ -98,6 +103,8 @@ class TokenEvent(BaseModel):
     sample: int | None = None  # present when n > 1
     # Per token: [[sampled_id, logprob], [top_id, logprob], ...]
     logprobs: list[list[tuple[int, float]]] | None = None
+    # Parallel to logprobs: each listed token's text piece, as the model's tokenizer decodes it alone.
+    logprob_tokens: list[list[str]] | None = None
 
 
 class Usage(BaseModel):

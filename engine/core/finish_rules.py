@@ -21,6 +21,8 @@ def check_stop(
             return RequestStatus.FINISHED_STOPPED
         if token_id in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-    if num_out >= params.max_tokens or request.num_tokens >= max_model_len:
+    if (
+        params.max_tokens is not None and num_out >= params.max_tokens
+    ) or request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None

@@ -91,7 +91,9 @@ class Request:
     @property
     def max_total_tokens(self) -> int:
         """Context length this request can reach: prompt plus max_tokens."""
-        return len(self.prompt_token_ids) + self.params.max_tokens
+        max_tokens = self.params.max_tokens
+        assert max_tokens is not None, "LLMEngine.add_request resolves max_tokens=None"
+        return len(self.prompt_token_ids) + max_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -81,6 +81,7 @@ class FakeEngine:
         priority: int = 0,
         prior_output_token_ids: Sequence[Sequence[int]] | None = None,
         arrival_time: float | None = None,
+        max_tokens_cap: int | None = None,
     ) -> int:
         params = params or SamplingParams()
         if any(s.request_id == request_id for s in self.samples):
@@ -93,6 +94,11 @@ class FakeEngine:
                 RejectReason.PROMPT_TOO_LONG,
                 f"prompt has {len(ids)} tokens, the limit is {self.max_prompt_tokens}",
             )
+        if params.max_tokens is None:  # as LLMEngine: until the context is full, within the cap
+            room = self.max_model_len - len(ids)
+            cap = room if max_tokens_cap is None else min(room, max_tokens_cap)
+            params = params.model_copy(update={"max_tokens": max(1, cap)})
+        assert params.max_tokens is not None
         if len(ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 RejectReason.TOO_LONG_FOR_MODEL, "prompt plus max_tokens exceeds max_model_len"
@@ -113,11 +119,11 @@ class FakeEngine:
         deltas = []
         for s in list(self.samples):
             new = []
-            if not s.aborted and len(s.out) < s.params.max_tokens:
+            if not s.aborted and len(s.out) < (s.params.max_tokens or 0):
                 new = [self.token(s, len(s.out))]
                 s.out.extend(new)
                 self.generated += 1
-            done = s.aborted or len(s.out) >= s.params.max_tokens
+            done = s.aborted or len(s.out) >= (s.params.max_tokens or 0)
             reason = "abort" if s.aborted else "length"
             deltas.append(
                 StepDelta(

@@ -18,6 +18,7 @@ from tests.structured.schemas import SCHEMAS
 from worker.batch.openai_input import LineError, parse_line
 from worker.batch.resume import read_answered
 from worker.cli import main
+from worker.limits import Limits
 
 openai_types = pytest.importorskip("openai.types")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,11 +77,23 @@ def test_line_mapping_and_refusals():
     parts["body"]["messages"][0]["content"] = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     job = parse_line(json.dumps(parts)).job
     assert job["messages"][0]["content"] == "ab" and job["max_tokens"] == 5
+    assert parse_line(json.dumps(_chat("lp", logprobs=True, top_logprobs=3))).job["logprobs"] == 3
+    assert parse_line(json.dumps(_chat("lp", logprobs=True))).job["logprobs"] == 0
+    assert "logprobs" not in parse_line(json.dumps(_chat("lp", logprobs=False))).job
+    assert (
+        parse_line(json.dumps({**DOC_COMPLETION, "body": {"prompt": "a", "logprobs": 2}})).job["logprobs"]
+        == 2
+    )
+    # No max_tokens: OpenAI's "up to the model's context", an explicit null in the job (not the engine's 16).
+    unbounded = dict(DOC_CHAT, body={k: v for k, v in DOC_CHAT["body"].items() if k != "max_tokens"})
+    job = parse_line(json.dumps(unbounded)).job
+    assert "max_tokens" in job and job["max_tokens"] is None
     assert parse_line(json.dumps(_chat("x"))).job["id"] == parse_line(json.dumps(_chat("x"))).job["id"]
     for bad, code in [
         (_chat("t", tools=[{"type": "function"}]), "unsupported_field"),
         (_chat("s", stream=True), "unsupported_field"),
-        (_chat("l", logprobs=True), "unsupported_field"),
+        (_chat("l", top_logprobs=2), "invalid_request"),  # top_logprobs without logprobs: true
+        (_chat("k", logprobs=True, top_logprobs=21), "invalid_request"),
         (_chat("b", logit_bias={"1": 2}), "unsupported_field"),
         ({**_chat("u"), "url": "/v1/embeddings"}, "invalid_url"),
         ({**DOC_COMPLETION, "body": {"prompt": ["a", "b"]}}, "invalid_request"),
@@ -207,3 +220,78 @@ def test_killed_mid_file_and_rerun_answers_each_custom_id_once(redis_server, r, 
     assert counts == Counter({f"c{i}": 1 for i in range(14)})
     assert [line["custom_id"] for line in lines if line["error"] is not None] == ["c3"]
     assert all(line["response"]["status_code"] == 200 for line in lines if line["error"] is None)
+
+
+def _run_batch(url: str, entries: list, tmp_path) -> dict[str, dict]:
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, entries)
+    result = CliRunner().invoke(main, ["batch", "-i", str(inp), "-o", str(out), "--redis-url", url])
+    assert result.exit_code == 0, result.output
+    return {line["custom_id"]: line for line in _read(out)}
+
+
+# ASCII-only output, so that every token's piece is whole characters and the pieces join to the text.
+WORDS = {"regex": "[a-z]{4,10}( [a-z]{2,9}){3}"}
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(300)
+def test_logprobs_in_openai_shapes_join_to_the_text(redis_server, r, llm, tmp_path):
+    entries = [
+        _chat("chat", logprobs=True, top_logprobs=3, structured_outputs=WORDS, max_tokens=40, temperature=0),
+        {
+            "custom_id": "cmpl",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {
+                "prompt": "Once",
+                "logprobs": 2,
+                "n": 2,
+                "temperature": 0.9,
+                "seed": 5,
+                "max_tokens": 40,
+                "structured_outputs": WORDS,
+            },
+        },
+        _chat("plain", max_tokens=4, temperature=0),
+    ]
+    with running_worker(llm, redis_server.url):
+        lines = _run_batch(redis_server.url, entries, tmp_path)
+    chat = openai_types.chat.ChatCompletion.model_validate(lines["chat"]["response"]["body"])
+    choice = chat.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    content = choice.logprobs.content
+    assert "".join(t.token for t in content) == choice.message.content
+    assert len(content) == chat.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3 and bytes(t.bytes) == t.token.encode()
+        assert t.logprob <= 0 and max(a.logprob for a in t.top_logprobs) >= t.logprob - 1e-4
+    cmpl = openai_types.Completion.model_validate(lines["cmpl"]["response"]["body"])
+    assert len(cmpl.choices) == 2
+    for c in cmpl.choices:
+        lp = c.logprobs
+        assert lp is not None and "".join(lp.tokens) == c.text and len(lp.token_logprobs) == len(lp.tokens)
+        assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+        assert all(len(top) <= 2 for top in lp.top_logprobs) and any(len(top) == 2 for top in lp.top_logprobs)
+    plain = lines["plain"]["response"]["body"]["choices"][0]
+    assert plain["logprobs"] is None
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(300)
+def test_a_line_without_max_tokens_runs_to_its_end_not_to_16_tokens(redis_server, r, llm, tmp_path):
+    long_words = {"regex": "[a-z]{48}"}  # the grammar forbids EOS until 48 letters: more than 16 tokens
+    entries = [_chat("free", structured_outputs=long_words, temperature=0)]
+    entries[0]["body"].pop("max_tokens")
+    with running_worker(llm, redis_server.url):
+        body = _run_batch(redis_server.url, entries, tmp_path)["free"]["response"]["body"]
+    assert (
+        body["choices"][0]["finish_reason"] == "stop" and len(body["choices"][0]["message"]["content"]) == 48
+    )
+    assert body["usage"]["completion_tokens"] > 16
+    # A worker's --max-tokens-limit caps "until the context is full" instead of refusing the job.
+    (tmp_path / "capped").mkdir()
+    entries[0]["custom_id"] = "capped"  # another line, so another job id (ids derive from the line)
+    with running_worker(llm, redis_server.url, limits=Limits(max_tokens=5)):
+        body = _run_batch(redis_server.url, entries, tmp_path / "capped")["capped"]["response"]["body"]
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 5

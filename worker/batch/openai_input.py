@@ -32,7 +32,7 @@ _SHARED = (
 )
 # Accepted and ignored: they change nothing about the tokens (the model is whatever the workers serve).
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls")
-_OFF_OR_ABSENT = {"stream": False, "echo": False, "logprobs": False, "tools": None, "functions": None}
+_OFF_OR_ABSENT = {"stream": False, "echo": False, "tools": None, "functions": None}
 
 
 class LineError(ValueError):
@@ -87,13 +87,13 @@ def parse_line(line: str) -> BatchRequest:
     if url == CHAT_URL:
         job["messages"] = _messages(body.pop("messages", None))
         _tokens_limit(body, job, "max_completion_tokens", "max_tokens")
-        if body.pop("logprobs", False) or body.pop("top_logprobs", None) is not None:
-            raise LineError("unsupported_field", "logprobs are not supported by conveyor batch")
+        _chat_logprobs(body, job)
     else:
         job.update(_prompt(body.pop("prompt", None)))
         _tokens_limit(body, job, "max_tokens")
-        if body.pop("logprobs", None) is not None:
-            raise LineError("unsupported_field", "logprobs are not supported by conveyor batch")
+        top = body.pop("logprobs", None)
+        if top is not None:
+            job["logprobs"] = _top_count(top, "logprobs")
         best_of = body.pop("best_of", None)
         if best_of is not None and best_of != body.get("n", 1):
             raise LineError("unsupported_field", "best_of other than n is not supported")
@@ -114,11 +114,29 @@ def parse_line(line: str) -> BatchRequest:
 
 
 def _tokens_limit(body: dict, job: dict, *names: str) -> None:
+    """OpenAI's default is "up to the model's context": an explicit null max_tokens in the job means the same
+    (capped by the worker's --max-tokens-limit), rather than the engine's default of 16 tokens."""
     values = [body.pop(n) for n in names if body.get(n) is not None]
-    if values:
-        job["max_tokens"] = values[0]
+    job["max_tokens"] = values[0] if values else None
     for n in names:
         body.pop(n, None)
+
+
+def _chat_logprobs(body: dict, job: dict) -> None:
+    """Chat asks with `logprobs: true` and `top_logprobs: k`; a job with `logprobs: k`."""
+    wanted, top = body.pop("logprobs", None), body.pop("top_logprobs", None)
+    if wanted not in (None, True, False):
+        raise LineError("invalid_request", "logprobs must be a boolean")
+    if top is not None and not wanted:
+        raise LineError("invalid_request", "top_logprobs needs logprobs: true")
+    if wanted:
+        job["logprobs"] = 0 if top is None else _top_count(top, "top_logprobs")
+
+
+def _top_count(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 20:
+        raise LineError("invalid_request", f"{name} must be an integer from 0 to 20")
+    return value
 
 
 def _messages(messages: object) -> list[dict]:

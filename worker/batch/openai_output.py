@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from worker.batch.openai_input import CHAT_URL
+from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 
 # Worker error codes that are the caller's fault (HTTP 400); the rest are the server's (500).
 _CLIENT_ERRORS = {
@@ -44,8 +45,16 @@ def line_error(custom_id: str, code: str, message: str) -> str:
     return _line(custom_id, None, {"code": code, "message": message})
 
 
-def from_event(custom_id: str, url: str, model: str, job_id: str, event: dict) -> tuple[str, bool, int]:
-    """(output line, succeeded, completion tokens) for the job's terminal event."""
+def from_event(
+    custom_id: str,
+    url: str,
+    model: str,
+    job_id: str,
+    event: dict,
+    logprobs: dict[int, SampleLogprobs] | None = None,
+) -> tuple[str, bool, int]:
+    """(output line, succeeded, completion tokens) for the job's terminal event. `logprobs` (per sample,
+    gathered from the token events) when the line asked for them."""
     if event.get("type") == "error":
         code = str(event.get("code", "internal_error"))
         body: dict[str, Any] = {
@@ -78,17 +87,17 @@ def from_event(custom_id: str, url: str, model: str, job_id: str, event: dict) -
             0,
         )
     chat = url == CHAT_URL
-    choices: list[dict[str, Any]] = [
-        {
-            "index": k,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": reason,
-            "logprobs": None,
-        }
-        if chat
-        else {"index": k, "text": text, "finish_reason": reason, "logprobs": None}
-        for k, (text, reason) in enumerate(zip(texts, reasons, strict=True))
-    ]
+    choices: list[dict[str, Any]] = []
+    for k, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
+        shown = None
+        if logprobs is not None:
+            sample = logprobs.get(k, SampleLogprobs())
+            shown = chat_logprobs(sample) if chat else completion_logprobs(sample)
+        if chat:
+            message = {"role": "assistant", "content": text}
+            choices.append({"index": k, "message": message, "finish_reason": reason, "logprobs": shown})
+        else:
+            choices.append({"index": k, "text": text, "finish_reason": reason, "logprobs": shown})
     body = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{job_id}",
         "object": "chat.completion" if chat else "text_completion",

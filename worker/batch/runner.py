@@ -17,6 +17,7 @@ from typing import IO, Any
 import redis
 
 from worker.batch.openai_input import BatchRequest, LineError, parse_custom_id, parse_line
+from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import from_event, line_error
 from worker.batch.progress import Progress
 from worker.batch.resume import DUPLICATE, read_answered
@@ -28,6 +29,8 @@ from worker.keys import EVENT_FIELD, Keys
 class _InFlight:
     request: BatchRequest
     last_id: bytes = b"0"
+    # Per sample, when the line asked for logprobs: gathered from the token events (the done event has none).
+    logprobs: dict[int, SampleLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,10 @@ class BatchRunner:
                 while len(inflight) >= self.max_in_flight:
                     self._collect(inflight)
                 enqueue(self.client, request.job, self.keys)
-                inflight[self.keys.out(request.job["id"])] = _InFlight(request)
+                wants = request.job.get("logprobs") is not None
+                inflight[self.keys.out(request.job["id"])] = _InFlight(
+                    request, logprobs={} if wants else None
+                )
             while inflight:
                 self._collect(inflight)
         bar.close()
@@ -105,9 +111,13 @@ class BatchRunner:
             for entry_id, fields in entries:
                 pending.last_id = entry_id
                 event = json.loads(fields[EVENT_FIELD])
+                if event.get("type") == "token" and pending.logprobs is not None:
+                    pending.logprobs.setdefault(event.get("sample", 0), SampleLogprobs()).add(event)
                 if event.get("type") in ("done", "error"):
                     r = pending.request
-                    line, ok, tokens = from_event(r.custom_id, r.url, r.model, r.job["id"], event)
+                    line, ok, tokens = from_event(
+                        r.custom_id, r.url, r.model, r.job["id"], event, pending.logprobs
+                    )
                     self._write(line, ok, tokens)
                     del inflight[key]
                     break
