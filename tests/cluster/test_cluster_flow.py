@@ -1,0 +1,39 @@
+"""Workers in cluster mode against a real 3-master Redis Cluster, with the fake engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.conftest import SHARDS, sharded_worker
+from tests.helpers.worker_fakes import FakeEngine
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def nothing_pending(client) -> bool:
+    for k in range(SHARDS):
+        keys = client.sharded.shard(k)
+        node = client.node(k)
+        group = node.xinfo_groups(keys.requests)[0]
+        if group["pending"] or group["lag"] or node.hlen(keys.attempts):
+            return False
+    return True
+
+
+def test_two_workers_finish_200_jobs_over_8_shards(cluster, client):
+    engines = [FakeEngine(max_num_seqs=16), FakeEngine(max_num_seqs=16)]
+    with sharded_worker(engines[0], cluster.url, "w1"), sharded_worker(engines[1], cluster.url, "w2"):
+        placed = {}
+        for i in range(200):
+            job = {"id": f"j{i}", "prompt": f"p{i}", "max_tokens": 5, "seed": i}
+            placed[job["id"]] = client.submit(job, replicas=1)
+        assert set(placed.values()) == set(range(SHARDS))  # every shard got jobs
+        for job_id, shard in placed.items():
+            events = client.collect(job_id, shard, timeout_s=60)
+            i = int(job_id[1:])
+            assert [e["index"] for e in events[:-1]] == list(range(5))
+            assert events[-1]["type"] == "done"
+            assert events[-1]["text"] == engines[0].expected_text(f"p{i}", 5, seed=i)
+    assert nothing_pending(client)
+    # Both workers took jobs (each read only what its engine had room for).
+    assert engines[0].generated > 0 and engines[1].generated > 0
