@@ -8,6 +8,7 @@ import threading
 import redis
 import structlog
 
+from worker.cluster.connect import ShardMoved
 from worker.connection import DOWN_ERRORS, Backoff
 
 log = structlog.get_logger("conveyor.cancel")
@@ -50,7 +51,7 @@ class CancelListener:
                     if message and message.get("type") in (b"message", "message", b"smessage", "smessage"):
                         self._add(message["data"])
                 pubsub.close()
-            except DOWN_ERRORS as exc:
+            except (*DOWN_ERRORS, ShardMoved) as exc:  # ShardMoved: cluster mode, until the worker rebuilt
                 delay = backoff.next_delay()
                 log.warning("cancel channel lost, resubscribing", error=str(exc), retry_in_s=delay)
                 self._stop.wait(delay)

@@ -30,17 +30,32 @@ def connect_cluster(url: str, tls: TlsOptions | None = None, socket_timeout: flo
     )
 
 
+class ShardMoved(RuntimeError):
+    """The shard's slot has a new master: what this process wrote to the old one may not be there (writes
+    not yet replicated are lost at a failover). Connections are refused until `accept_move()`, so that the
+    shard's worker first drops what it holds in memory and rebuilds from what the new master has."""
+
+
 class MasterPool(redis.ConnectionPool):
     """Connections to the master currently holding `key`'s slot. A connection that cannot be made asks the
     cluster for its slots again; when another node holds the slot now (a replica was promoted) the pool
-    drops its connections and connects there. Callers retry with back-off (worker.connection.with_retry)."""
+    drops its connections and points there. Callers retry with back-off (worker.connection.with_retry).
+    With `fence_moves`, a move raises ShardMoved until accepted (the worker's pool; clients just follow)."""
 
-    def __init__(self, cluster: RedisCluster, key: str, **kwargs) -> None:
-        self.cluster, self.key = cluster, key
+    def __init__(self, cluster: RedisCluster, key: str, fence_moves: bool = False, **kwargs) -> None:
+        self.cluster, self.key, self.fence_moves = cluster, key, fence_moves
+        self.moved = False
         node = cluster.get_node_from_key(key)
         super().__init__(host=node.host, port=node.port, **kwargs)
 
+    def accept_move(self) -> None:
+        self.moved = False
+
     def get_connection(self, *args, **kwargs):
+        if self.moved:
+            raise ShardMoved(
+                f"{self.key}'s slot moved to {self.connection_kwargs['host']}:{self.connection_kwargs['port']}"
+            )
         try:
             return super().get_connection(*args, **kwargs)
         except DOWN_ERRORS:
@@ -61,9 +76,12 @@ class MasterPool(redis.ConnectionPool):
             self.connection_kwargs.update(host=node.host, port=node.port)
             self.disconnect()
             self.reset()
+            self.moved = self.fence_moves
 
 
-def shard_client(cluster: RedisCluster, key: str, socket_timeout: float = 30.0) -> redis.Redis:
+def shard_client(
+    cluster: RedisCluster, key: str, socket_timeout: float = 30.0, fence_moves: bool = False
+) -> redis.Redis:
     """A plain client (bytes, RESP2) on the master of `key`'s slot, following failovers."""
     # Credentials and TLS as the cluster client has them (from its URL); not its replica-reading hook.
     passed = (
@@ -79,6 +97,7 @@ def shard_client(cluster: RedisCluster, key: str, socket_timeout: float = 30.0) 
     pool = MasterPool(
         cluster,
         key,
+        fence_moves,
         **{k: given[k] for k in passed if k in given and given[k] is not None},
         protocol=2,
         socket_timeout=socket_timeout,

@@ -42,6 +42,21 @@ class LocalCluster:
         server.process.kill()
         server.process.wait()
 
+    def wait_promoted(self, key: str, timeout_s: float = 30) -> local_redis.LocalRedis:
+        """After kill(): until a live server is the master of `key`'s slot and the cluster is ok again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                master = self.master_of(key)
+                if master.port not in self.killed:
+                    self.wait_ok(max(1.0, deadline - time.monotonic()))
+                    return master
+            except (redis.RedisError, redis.cluster.RedisClusterException):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no replica took over {key}'s slot")
+            time.sleep(0.1)
+
     def wait_ok(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and agrees that every master it knows is alive."""
         deadline = time.monotonic() + timeout_s
@@ -63,8 +78,9 @@ class LocalCluster:
         except (redis.ConnectionError, redis.TimeoutError):
             return False
         lines = (nodes.decode() if isinstance(nodes, bytes) else str(nodes)).splitlines()
-        # A live master with no "fail" flag on any node that still owns slots.
-        return not any("fail" in line.split()[2] and "master" in line.split()[2] for line in lines if line)
+        fields = [line.split() for line in lines if line]
+        # Field 3 holds the flags; fields from the 9th on are the slots a master serves.
+        return not any("fail" in f[2] and "master" in f[2] and len(f) > 8 for f in fields)
 
     def stop(self) -> None:
         for server in self.servers:
