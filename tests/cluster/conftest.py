@@ -59,3 +59,14 @@ def sharded_worker(engine, url: str, consumer: str, **overrides):
         worker.stop.request()
         thread.join(timeout=30)
         assert not thread.is_alive(), "worker did not stop"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The real engine's tiny random checkpoint (as tests/worker/conftest.py makes it)."""
+    try:
+        from engine import LLMEngine  # noqa: F401
+        from engine.tiny_model import make_tiny_model
+    except ImportError as exc:
+        pytest.skip(f"engine not available: {exc}")
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))

@@ -60,6 +60,10 @@ class ShardedWorker:
         # read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
 
+    @property
+    def metrics(self) -> Metrics:
+        return self.observer.metrics
+
     def run(self) -> None:
         started: list[Worker] = []
         try:
