@@ -115,7 +115,7 @@ def worker(**kw: Any) -> None:
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
     url = kw["redis_url"]
-    client = _client(kw, cluster=kw["cluster"])
+    client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
         check_eviction_policy(client, kw["allow_eviction"])
@@ -174,7 +174,7 @@ def submit(
     from worker.client import enqueue, events
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    client = _client(kw, cluster=cluster)
+    client = _client(kw, cluster=True) if cluster else _client(kw)
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if seed is not None:
