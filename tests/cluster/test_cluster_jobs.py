@@ -80,3 +80,21 @@ def test_takeover_after_kill_9_of_a_cluster_worker(cluster, client, tiny_model, 
     assert tokens == direct[0].token_ids and events[-1]["text"] == direct[0].text
     assert any(e.get("event") == "job resumed" for e in log_lines(tmp_path / "2.log"))
     assert client.node(shard).xinfo_groups(keys.requests)[0]["pending"] == 0
+
+
+def test_the_protocol_docs_redis_cli_example_runs(cluster, client):
+    """docs/protocol.md's version 2 example, as written (its port changed), against the cluster."""
+    import subprocess
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    block = doc[doc.index("## Version 2") :]
+    session = block[block.index("<<'EOF'\n") + len("<<'EOF'\n") : block.index("\nEOF\n")] + "\n"
+    port = str(cluster.master_of(client.sharded.shard(0).requests).port)
+    with sharded_worker(FakeEngine(), cluster.url, "w1"):
+        done = subprocess.run(
+            ["redis-cli", "-c", "-p", port], input=session, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "1", done.stdout  # WAIT: 1
+        events = client.collect("job-1", 3, timeout_s=30)
+    assert [e["index"] for e in events[:-1]] == list(range(16)) and events[-1]["type"] == "done"
