@@ -37,3 +37,29 @@ def test_two_workers_finish_200_jobs_over_8_shards(cluster, client):
     assert nothing_pending(client)
     # Both workers took jobs (each read only what its engine had room for).
     assert engines[0].generated > 0 and engines[1].generated > 0
+
+
+class RecordingEngine(FakeEngine):
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.started: list[str] = []
+
+    def add_request(self, request_id, prompt, params=None, **kw):
+        self.started.append(request_id)
+        return super().add_request(request_id, prompt, params, **kw)
+
+
+def test_no_shard_waits_behind_another_when_room_is_short(cluster, client):
+    """Room for one job at a time and three queued on every shard: the shard read first rotates, so the
+    first eight jobs started come from (nearly) eight shards, not three from shard 0, then shard 1..."""
+    for k in range(SHARDS):
+        for i in range(3):
+            client.submit({"id": f"s{k}-{i}", "prompt": "x", "max_tokens": 3}, shard=k)
+    engine = RecordingEngine(max_num_seqs=1)
+    with sharded_worker(engine, cluster.url, "w1"):
+        for k in range(SHARDS):
+            for i in range(3):
+                assert client.collect(f"s{k}-{i}", k, timeout_s=60)[-1]["type"] == "done"
+    first = [job_id.split("-")[0] for job_id in engine.started[:SHARDS]]
+    assert len(set(first)) >= 6, engine.started
+    assert nothing_pending(client)
