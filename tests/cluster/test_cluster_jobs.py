@@ -98,3 +98,29 @@ def test_the_protocol_docs_redis_cli_example_runs(cluster, client):
         assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "1", done.stdout  # WAIT: 1
         events = client.collect("job-1", 3, timeout_s=30)
     assert [e["index"] for e in events[:-1]] == list(range(16)) and events[-1]["type"] == "done"
+
+
+def test_live_events_on_sharded_pubsub(cluster, client):
+    """SSUBSCRIBE to the job's channel on its shard's master hears every event (a plain PUBLISH would not
+    reach a sharded subscriber)."""
+    import json
+
+    keys = client.sharded.shard(2)
+    pubsub = client.node(2).pubsub()
+    pubsub.ssubscribe(keys.out("live1"))
+    heard: list[dict] = []
+    try:
+        pubsub.get_sharded_message(timeout=5)  # the subscription's confirmation
+        with sharded_worker(FakeEngine(), cluster.url, "w1"):
+            client.submit({"id": "live1", "prompt": "x", "max_tokens": 6, "seed": 2}, shard=2)
+
+            def heard_done() -> bool:
+                message = pubsub.get_sharded_message(timeout=0.2)
+                if message and message["type"] in ("smessage", b"smessage"):
+                    heard.append(json.loads(message["data"]))
+                return bool(heard) and heard[-1]["type"] == "done"
+
+            wait_until(heard_done, 30, "the done event on the channel")
+    finally:
+        pubsub.close()
+    assert heard == client.collect("live1", 2, timeout_s=10)
