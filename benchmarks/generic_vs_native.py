@@ -1,11 +1,12 @@
 """Throughput of the generic path (transformers' own Llama modules on Conveyor's paged attention) against the
 native Llama code, on the engine benchmark's model, side by side in one run.
 
-    python benchmarks/generic_vs_native.py                  # 96 requests, both paths twice, alternating order
+    python benchmarks/generic_vs_native.py                  # 64 requests, both paths in lockstep
     python benchmarks/generic_vs_native.py --moe            # also: a Mixtral of the same width, time in experts
 
 Both paths load the same checkpoint and serve the same seeded workload (greedy, ignore_eos) through LLMEngine
-with the same limits; the only difference is `model_impl`. Their tokens are compared too (they must agree).
+with the same limits; the only difference is `model_impl`. They run in lockstep, one step of each in turn
+(see `lockstep`), which keeps a shared, noisy machine's load out of the ratio. Their tokens must agree.
 Then a few full-batch decode steps of each run under the torch profiler, and the op table says where the
 generic path spends what the native one does not. With --moe, forward hooks on the experts modules measure
 their share of the forward (transformers 5.24's experts run as one grouped matmul per projection, no loop
@@ -30,38 +31,56 @@ from benchmarks.workload import Job, bench_engine, bench_model_dir, make_workloa
 from engine import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+IMPLS = ("native", "transformers")
 
 
 def _params(job: Job) -> SamplingParams:
     return SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True)
 
 
-def serve(model_dir: Path, jobs: list[Job], args: argparse.Namespace, impl: str) -> dict:
-    engine = bench_engine(model_dir, args, dtype=args.dtype, device="cpu", model_impl=impl)
-    for i, job in enumerate(jobs[: args.warmup]):  # untimed: first-call costs out of the figure
-        engine.add_request(f"w{i}", job.prompt_token_ids, SamplingParams(max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    tokens: dict[str, list[int]] = {}
-    for i, job in enumerate(jobs):
-        engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
-        tokens[f"r{i}"] = []
-    forward = 0.0
-    start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        for d in engine.step():
-            tokens[d.request_id].extend(d.new_token_ids)
-        forward += engine.runner.last_forward_seconds
-    elapsed = time.perf_counter() - start
-    produced = sum(len(t) for t in tokens.values())
-    return {
-        "impl": type(engine.model).__name__,
-        "output_tokens": produced,
-        "seconds": round(elapsed, 3),
-        "tokens_per_s": round(produced / elapsed, 1),
-        "forward_share": round(forward / elapsed, 3),
-        "tokens": [tokens[f"r{i}"] for i in range(len(jobs))],
+def lockstep(model_dir: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
+    """Both engines get the same requests and step alternately, each step timed: their schedules are
+    identical (same requests, same limits), so every pair of steps does the same work, and a noisy machine's
+    load drifts over both alike. Throughput = output tokens / the engine's summed step time."""
+    engines = {
+        impl: bench_engine(model_dir, args, dtype=args.dtype, device="cpu", model_impl=impl) for impl in IMPLS
     }
+    for engine in engines.values():  # untimed warm-up: first-call costs out of the figure
+        for i, job in enumerate(jobs[: args.warmup]):
+            engine.add_request(f"w{i}", job.prompt_token_ids, SamplingParams(max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+    tokens = {impl: {f"r{i}": [] for i in range(len(jobs))} for impl in IMPLS}
+    seconds = dict.fromkeys(IMPLS, 0.0)
+    forward = dict.fromkeys(IMPLS, 0.0)
+    for engine in engines.values():
+        for i, job in enumerate(jobs):
+            engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
+    step = 0
+    while any(e.has_unfinished_requests() for e in engines.values()):
+        order = IMPLS if step % 2 == 0 else IMPLS[::-1]  # neither always goes first
+        for impl in order:
+            engine = engines[impl]
+            t0 = time.perf_counter()
+            deltas = engine.step()
+            seconds[impl] += time.perf_counter() - t0
+            forward[impl] += engine.runner.last_forward_seconds
+            for d in deltas:
+                tokens[impl][d.request_id].extend(d.new_token_ids)
+        step += 1
+    out = {}
+    for impl in IMPLS:
+        produced = sum(len(t) for t in tokens[impl].values())
+        out[impl] = {
+            "model": type(engines[impl].model).__name__,
+            "steps": step,
+            "output_tokens": produced,
+            "step_seconds": round(seconds[impl], 3),
+            "tokens_per_s": round(produced / seconds[impl], 1),
+            "forward_share": round(forward[impl] / seconds[impl], 3),
+        }
+    out["same_tokens"] = tokens["native"] == tokens["transformers"]
+    return out
 
 
 def profile_decode(model_dir: Path, jobs: list[Job], args: argparse.Namespace, impl: str) -> list[dict]:
@@ -119,14 +138,15 @@ def moe_share(cache: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-requests", type=int, default=96)
+    ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--max-prompt", type=int, default=256)
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--kv-blocks", type=int, default=4096)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--repeats", type=int, default=2, help="each path this many times, order alternating")
+    ap.add_argument("--repeats", type=int, default=1, help="lockstep runs")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--moe", action="store_true")
@@ -136,28 +156,22 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "generic_vs_native.json")
     args = ap.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model_dir = bench_model_dir(args.cache)
     jobs = make_workload(args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output, seed=3)
-    runs: dict[str, list[dict]] = {"native": [], "transformers": []}
-    for r in range(args.repeats):
-        for impl in ("native", "transformers") if r % 2 == 0 else ("transformers", "native"):
-            runs[impl].append(serve(model_dir, jobs, args, impl))
-            print(impl, {k: v for k, v in runs[impl][-1].items() if k != "tokens"}, flush=True)
-    same = all(a["tokens"] == b["tokens"] for a in runs["native"] for b in runs["transformers"])
-    best = {impl: max(x["tokens_per_s"] for x in rs) for impl, rs in runs.items()}
+    runs = [lockstep(model_dir, jobs, args) for _ in range(args.repeats)]
+    for run in runs:
+        print(json.dumps(run), flush=True)
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
         "args": {k: str(v) for k, v in vars(args).items()},
-        "runs": {
-            impl: [{k: v for k, v in x.items() if k != "tokens"} for x in rs] for impl, rs in runs.items()
-        },
-        "same_tokens": same,
-        "generic_over_native_best": round(best["transformers"] / best["native"], 3),
-        "generic_over_native_per_repeat": [
-            round(g["tokens_per_s"] / n["tokens_per_s"], 3)
-            for g, n in zip(runs["transformers"], runs["native"], strict=True)
+        "runs": runs,
+        "same_tokens": all(r["same_tokens"] for r in runs),
+        "generic_over_native": [
+            round(r["transformers"]["tokens_per_s"] / r["native"]["tokens_per_s"], 3) for r in runs
         ],
-        "decode_profile": {impl: profile_decode(model_dir, jobs, args, impl) for impl in runs},
+        "decode_profile": {impl: profile_decode(model_dir, jobs, args, impl) for impl in IMPLS},
     }
     if args.moe:
         report["moe"] = moe_share(args.cache, jobs, args)

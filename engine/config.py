@@ -72,6 +72,11 @@ class EngineConfig:
         "native: Conveyor's own Llama-family code; transformers: the model's own transformers modules on "
         "Conveyor's paged attention (any decoder-only LM); auto: native for the Llama family, else transformers",
     )
+    enable_cuda_graphs: bool = knob(
+        False,
+        "capture decode steps as CUDA graphs, one per batch-size bucket, and replay them (CUDA with the "
+        "Triton backend only; refused elsewhere rather than silently run without)",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -88,6 +93,12 @@ class EngineConfig:
         )
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory}")
+        if not isinstance(self.enable_cuda_graphs, bool):
+            raise ValueError(f"enable_cuda_graphs must be true or false, got {self.enable_cuda_graphs!r}")
+        if self.enable_cuda_graphs and self.attention_backend == "torch":
+            raise ValueError("enable_cuda_graphs needs the triton attention backend, not torch")
+        if self.enable_cuda_graphs and self.device != "auto" and not self.device.startswith("cuda"):
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device, got device={self.device!r}")
         check_choices(self)
 
 

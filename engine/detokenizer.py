@@ -15,12 +15,20 @@ several tokens arrive at once we walk back to the last token boundary that decod
 emitted depends only on the tokens seen, not on how they were grouped (a resumed request can replay its prior
 tokens in one call). For byte-level BPE tokenizers the deltas (plus `finish()`) concatenate to exactly
 `decode(output_ids)`. The window starts with up to 5 prompt tokens as context, unless they end mid-character.
+
+With a Rust tokenizer (`tokenizers.Tokenizer`, or the one behind a transformers fast tokenizer) the same
+algorithm runs inside `tokenizers.decoders.DecodeStream`, one token at a time: one call into Rust per token
+(~3 us) instead of two decodes plus the Python around them (~12 us); 256 requests per step is then ~1 ms.
+The offsets are mirrored here so `finish()` can release what DecodeStream still holds back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from engine.core.stop_strings import StopStrings
 
@@ -32,6 +40,15 @@ class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
+def _backend(tokenizer: Decoder) -> Decoder:
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer, whose decode skips the wrapper's
+    per-call Python work (~4x faster per call); its text equals the wrapper's when that does no clean-up."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend
+    return tokenizer
+
+
 class IncrementalDetokenizer:
     def __init__(
         self,
@@ -40,7 +57,7 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         prior_output_ids: Sequence[int] = (),
     ):
-        self.tokenizer = tokenizer
+        self.tokenizer = _backend(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
         if self._decode(context).endswith(_REPLACEMENT):
@@ -49,7 +66,10 @@ class IncrementalDetokenizer:
         self._ids: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)
-        self.text = ""  # everything emitted so far
+        self._parts: list[str] = []  # everything emitted so far, joined on demand (no O(n) copy per step)
+        self._stream: DecodeStream | None = None
+        if isinstance(self.tokenizer, Tokenizer):
+            self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
         if prior_output_ids:
             # Resume: replay silently; the state (and `text`) equals that of the worker that emitted them.
             self.add(prior_output_ids)
@@ -59,6 +79,8 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
+        if self._stream is not None:
+            return self._add_streamed(self._stream, cast(Tokenizer, self.tokenizer), token_ids)
         self._ids.extend(token_ids)
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         for end in range(len(self._ids), self._read_offset, -1):
@@ -66,6 +88,16 @@ class IncrementalDetokenizer:
             if not window.endswith(_REPLACEMENT):
                 return self._emit(window[len(prefix_text) :], end)
         return ""
+
+    def _add_streamed(self, stream: DecodeStream, tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
+        ids = self._ids
+        pieces = []
+        for t in token_ids:
+            ids.append(t)
+            piece = stream.step(tokenizer, t)  # None: held back (unfinished character, or no new text)
+            if piece is not None:
+                pieces.append(self._emit(piece, len(ids)))
+        return "".join(pieces)
 
     def finish(self) -> str:
         """The request is over: release what was held back (a trailing U+FFFD for unfinished bytes)."""
@@ -76,9 +108,17 @@ class IncrementalDetokenizer:
         return self._emit(window[len(prefix_text) :], len(self._ids))
 
     def _emit(self, delta: str, end: int) -> str:
-        self._prefix_offset, self._read_offset = self._read_offset, end
-        self.text += delta
+        # Ids before the new prefix offset are never decoded again: drop them (memory stays a small window).
+        del self._ids[: self._read_offset]
+        self._prefix_offset, self._read_offset = 0, end - self._read_offset
+        if delta:
+            self._parts.append(delta)
         return delta
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return "".join(self._parts)
 
 
 class TextStream:
@@ -100,7 +140,7 @@ class TextStream:
     ):
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
         self._stops = StopStrings(stop)
-        self.text = ""
+        self._parts: list[str] = []
         if prior_output_ids:
             self.append(prior_output_ids)
 
@@ -111,9 +151,18 @@ class TextStream:
     def append(self, token_ids: Sequence[int]) -> tuple[str, bool]:
         if self.stopped:
             return "", True
-        delta, stopped = self._stops.feed(self._detokenizer.add(token_ids))
-        self.text += delta
+        return self._feed(self._detokenizer.add(token_ids))
+
+    def _feed(self, text: str) -> tuple[str, bool]:
+        delta, stopped = self._stops.feed(text)
+        if delta:
+            self._parts.append(delta)
         return delta, stopped
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far: the concatenated deltas."""
+        return "".join(self._parts)
 
     def finish(self) -> str:
         if self.stopped:
@@ -121,5 +170,6 @@ class TextStream:
         delta, stopped = self._stops.feed(self._detokenizer.finish())
         if not stopped:
             delta += self._stops.flush()
-        self.text += delta
+        if delta:
+            self._parts.append(delta)
         return delta

@@ -47,6 +47,8 @@ class LLMEngine:
         self.config = config = EngineConfig(model=model, **options)
         # Device, attention backend and EOS ids are resolved here, once, and passed down explicitly.
         self.device = resolve_device(config.device)
+        if config.enable_cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
         self.model, self.spec = load_model(
             config.model,
@@ -78,6 +80,10 @@ class LLMEngine:
             GrammarMaskingSampler(
                 Sampler(self.spec.vocab_size, self.eos_token_ids), self.structured.rows, self.spec.vocab_size
             ),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_cuda_graphs=config.enable_cuda_graphs,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(

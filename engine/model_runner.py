@@ -10,7 +10,7 @@ No policy here: what runs, where its KV lives and which blocks are copied all co
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,24 +19,34 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from engine.cuda_graphs import CudaGraphs, batch_buckets, bucket_for
+from engine.input_batch import InputBatch
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
+from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: LlamaForCausalLM | TransformersCausalLM,
         spec: ModelSpec,
         kv_pool: torch.Tensor | int,
         block_size: int = 16,
         device: str | torch.device = "cpu",
         backend: AttentionBackend | None = None,
         sampler: Any = None,
+        *,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int = 4096,
+        enable_cuda_graphs: bool = False,
     ) -> None:
         """kv_pool: the pool tensor from `engine.kv_cache.allocate_kv_pool`, or a block count to allocate.
-        backend: replaces the model's attention backend when given. sampler: None -> engine.sampler.Sampler."""
+        backend: replaces the model's attention backend when given. sampler: None -> engine.sampler.Sampler.
+        The max_* sizes preallocate the step buffers (they grow if exceeded, unless graphs are captured).
+        enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only)."""
         self.model, self.spec, self.block_size = model, spec, block_size
         self.device = torch.device(device)
         if backend is not None:
@@ -54,6 +64,17 @@ class ModelRunner:
 
             sampler = Sampler(spec.vocab_size, spec.eos_token_ids)
         self.sampler = sampler
+        self.buckets = batch_buckets(max_num_seqs)
+        max_blocks = -(-max_model_len // block_size)
+        self.batch = InputBatch(
+            block_size, self.device, max(max_num_batched_tokens, self.buckets[-1]), max_num_seqs, max_blocks
+        )
+        # Pad decode-only steps to a bucket (CUDA graphs need it; tests turn it on alone on the CPU).
+        self.pad_decode_batches = enable_cuda_graphs
+        self.graphs: CudaGraphs | None = None
+        if enable_cuda_graphs:
+            self.graphs = CudaGraphs(model, self.kv_caches, self.batch, self.buckets, max_model_len)
+            self.graphs.capture()
         # Seconds of the last step: model forward + logits, and the whole execute() call.
         self.last_forward_seconds = 0.0
         self.last_step_seconds = 0.0
@@ -63,10 +84,15 @@ class ModelRunner:
         if sched_out.is_empty:
             self._copy_blocks(sched_out.block_copies)
             return RunnerOutput(sampled_token_ids={})
-        input_ids, positions, meta, sample_rows, sample_ids = self.prepare(sched_out.sequences)
+        input_ids, positions, meta, sample_rows, sample_ids = self.prepare(
+            sched_out.sequences, requests, sched_out.preempted_ids
+        )
         t1 = time.perf_counter()
         with torch.inference_mode():
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
+            if self.graphs is not None and self.graphs.can_replay(meta, input_ids):
+                hidden = self.graphs.replay(input_ids.shape[0])  # [T_bucket, hidden]
+            else:
+                hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
             logits = self.model.compute_logits(hidden[sample_rows]) if sample_ids else None  # [B, V] fp32
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -88,62 +114,22 @@ class ModelRunner:
         return out
 
     def prepare(
-        self, seqs: list[ScheduledSequence]
+        self,
+        seqs: list[ScheduledSequence],
+        requests: Mapping[str, Request] | None = None,
+        preempted: Sequence[str] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[str]]:
-        """Host-side layout of one step: (input_ids [T], positions [T], metadata, sample_rows [B], ids [B])."""
-        bs = self.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        last_row: dict[str, int] = {}
-        for s in seqs:
-            if not s.token_ids:
-                if s.fork_of is None:
-                    raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
-                continue
-            blocks = s.block_ids
-            ids.extend(s.token_ids)
-            p = range(s.start_pos, s.context_len)
-            pos.extend(p)
-            slots.extend(blocks[i // bs] * bs + i % bs for i in p)
-            qsl.append(len(ids))
-            seq_lens.append(s.context_len)
-            tables.append(blocks)
-            last_row[s.request_id] = len(ids) - 1
-        sample_ids = [s.request_id for s in seqs if s.sample]
-        sample_rows = []
-        for s in seqs:
-            if s.sample:
-                source = s.request_id if s.token_ids else s.fork_of
-                if source not in last_row:
-                    raise ValueError(f"fork {s.request_id}: parent {source} has no tokens in this step")
-                sample_rows.append(last_row[source])
+        """Host-side layout of one step: (input_ids [T], positions [T], metadata, sample_rows [B], ids [B]).
 
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        qlens = tuple(b - a for a, b in zip(qsl, qsl[1:], strict=False))
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            max_query_len=max(qlens),
-            max_seq_len=max(seq_lens),
-            is_decode_only=all(q == 1 for q in qlens),
-            query_lens_cpu=qlens,
-            seq_lens_cpu=tuple(seq_lens),
+        Decode-only steps are padded to a batch-size bucket when `pad_decode_batches` is set (always with
+        CUDA graphs), so their tensors have the shapes a graph was captured with."""
+        pad_to = None
+        if self.pad_decode_batches and all(len(s.token_ids) == 1 for s in seqs):
+            pad_to = bucket_for(sum(1 for s in seqs if s.token_ids), self.buckets)
+        step = self.batch.prepare(
+            seqs, alive=requests, pad_to=pad_to, full_width=self.graphs is not None, preempted=preempted
         )
-        return (
-            torch.tensor(ids, dtype=torch.int64, device=dev),
-            torch.tensor(pos, dtype=torch.int64, device=dev),
-            meta,
-            torch.tensor(sample_rows, dtype=torch.int64, device=dev),
-            sample_ids,
-        )
+        return step.input_ids, step.positions, step.meta, step.sample_rows, step.sample_ids
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:

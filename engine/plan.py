@@ -21,10 +21,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.kv_cache import kv_bytes_per_token
 from engine.models.config import ModelArgs
 from engine.models.registry import is_native
+
+if TYPE_CHECKING:
+    from engine.models.generic.shape import GenericShape
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -94,6 +98,7 @@ def plan(
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
+    args: ModelArgs | GenericShape
     if is_native(cfg):
         # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
         args = ModelArgs.from_hf(cfg)

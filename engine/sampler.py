@@ -6,10 +6,13 @@ Per step, for logits [B, V_padded] float32 (row i belongs to requests[i]), in th
      describe the model, not the penalties/temperature/truncation of this request;
   3. penalties: repetition (HF, prompt + output), presence and frequency (OpenAI, output only);
   4. min_tokens: EOS (unless ignore_eos) and stop_token_ids get -inf while output < min_tokens;
-  5. greedy rows take the argmax; the others are divided by temperature, cut by min_p / top_k / top_p and
-     sampled with the exponential race `argmax(probs / q)`, q ~ Exp(1) (see `engine.sampling.noise` for how
-     seeded rows stay reproducible across batches, positions and workers).
-An all-greedy batch without penalties or active min_tokens is one argmax.
+  5. greedy rows take the argmax; the others go through `engine.sampling.race` (temperature, min_p, top_k,
+     top_p, exponential race with per-token noise that is reproducible for seeded rows).
+An all-greedy batch without penalties or active min_tokens is one argmax and one device-to-host copy.
+
+The repetition penalty and min_tokens touch few entries per row, so they are written into the caller's
+logits in place and the original values put back before returning (no copy of the [B, V] tensor); presence
+and frequency penalties, which need per-row counts, work on a private copy.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import torch
 
 from engine.core.request import Request
 from engine.outputs import TokenLogprobs
-from engine.sampling.noise import exponential_noise
-from engine.sampling.penalties import apply_min_tokens, apply_penalties, min_tokens_banned, needs_penalties
-from engine.sampling.truncation import truncated_probs
+from engine.sampling.argmax import argmax_rows
+from engine.sampling.noise import row_seeds
+from engine.sampling.penalties import apply_penalties, min_tokens_banned
+from engine.sampling.race import race
+from engine.sampling.seen_tokens import SeenTokens
 
 
 @dataclass(frozen=True)
@@ -37,53 +42,118 @@ class Sampler:
     def __init__(self, vocab_size: int, eos_token_ids: frozenset[int]):
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
+        self._seen = SeenTokens()
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
         if logits.dim() != 2 or logits.shape[0] != len(requests) or logits.shape[1] < self.vocab_size:
             raise ValueError(
                 f"logits {tuple(logits.shape)} do not fit {len(requests)} requests x vocab {self.vocab_size}"
             )
-        logits = logits[:, : self.vocab_size].float()  # [B, V] float32, maybe a view of the input
+        logits = logits[:, : self.vocab_size]  # [B, V], maybe a view of the input
+        if logits.dtype != torch.float32:
+            logits = logits.float()
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V] float32
-        if self._plain_greedy(requests):
-            tokens = logits.argmax(dim=-1)  # [B] int64
-        else:
-            tokens = self._sample(logits.clone(), requests)
-        token_ids = tokens.tolist()
+        params = [r.params for r in requests]
+        greedy = [p.temperature == 0.0 for p in params]
+        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        dense = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
+        banned = [min_tokens_banned(r, self.eos_token_ids) for r in requests]
+        if all(greedy) and not rep_rows and not dense and not any(banned):
+            tokens = argmax_rows(logits)  # [B] int64
+            return SamplerResult(tokens.tolist(), _gather_logprobs(raw_logprobs, tokens, requests))
+        work = logits
+        if dense:
+            work = logits.clone()
+            apply_penalties(work, requests)  # all three penalties, dense
+            rep_rows = []
+        token_ids = self._sample(work, requests, greedy, rep_rows, banned)
+        tokens = torch.tensor(token_ids, dtype=torch.int64, device=logits.device)
         return SamplerResult(token_ids, _gather_logprobs(raw_logprobs, tokens, requests))
 
-    def _plain_greedy(self, requests: list[Request]) -> bool:
-        return all(
-            r.params.is_greedy and not needs_penalties(r) and not min_tokens_banned(r, self.eos_token_ids)
-            for r in requests
-        )
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        greedy: list[bool],
+        rep_rows: list[int],
+        banned: list[list[int]],
+    ) -> list[int]:
+        """logits: [B, V] float32, edited in place and restored before returning."""
+        dev = logits.device
+        edits = _SparseEdits(logits)
+        if rep_rows:
+            row, col = self._seen.index(requests, rep_rows, self.vocab_size)
+            rows, cols = torch.from_numpy(row).to(dev), torch.from_numpy(col).to(dev)
+            x = edits.get(rows, cols)  # [N]: each distinct seen token of each penalised row
+            rep = torch.tensor(
+                [r.params.repetition_penalty for r in requests], dtype=torch.float32, device=dev
+            )
+            rep = rep[rows]
+            edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep))
+        pairs = [(i, t) for i, ts in enumerate(banned) for t in ts if t < self.vocab_size]
+        if pairs:
+            rows = torch.tensor([i for i, _ in pairs], dtype=torch.int64, device=dev)
+            cols = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=dev)
+            edits.put(rows, cols, torch.full((len(pairs),), -float("inf"), device=dev))
+        try:
+            out = [0] * len(requests)
+            greedy_rows = [i for i, g in enumerate(greedy) if g]
+            if greedy_rows:
+                sub = logits if len(greedy_rows) == len(requests) else logits[greedy_rows]
+                for i, t in zip(greedy_rows, argmax_rows(sub).tolist(), strict=True):
+                    out[i] = t
+            random_rows = [i for i, g in enumerate(greedy) if not g]
+            if random_rows:
+                sub_reqs = [requests[i] for i in random_rows]
+                sub = logits if len(random_rows) == len(requests) else logits[random_rows]
+                ps = [r.params for r in sub_reqs]
+                sampled = race(
+                    sub,
+                    [p.temperature for p in ps],
+                    [p.top_k if p.top_k > 0 else self.vocab_size for p in ps],
+                    [p.top_p for p in ps],
+                    [p.min_p for p in ps],
+                    row_seeds(sub_reqs),
+                )
+                for i, t in zip(random_rows, sampled, strict=True):
+                    out[i] = t
+            return out
+        finally:
+            edits.restore()
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """logits: [B, V] float32, a private copy edited in place. Returns tokens: [B] int64."""
-        if any(needs_penalties(r) for r in requests):
-            apply_penalties(logits, requests)
-        apply_min_tokens(logits, requests, self.eos_token_ids)
-        tokens = logits.argmax(dim=-1)  # [B] int64; final for greedy rows
-        random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
-        if not random_rows:
-            return tokens
-        device = logits.device
-        sub = [requests[i] for i in random_rows]
-        rows = torch.tensor(random_rows, device=device)
-        temperature = torch.tensor([r.params.temperature for r in sub], dtype=torch.float32, device=device)
-        top_k = torch.tensor(
-            [r.params.top_k if 0 < r.params.top_k < self.vocab_size else self.vocab_size for r in sub],
-            dtype=torch.int64,
-            device=device,
-        )
-        top_p = torch.tensor([r.params.top_p for r in sub], dtype=torch.float32, device=device)
-        min_p = torch.tensor([r.params.min_p for r in sub], dtype=torch.float32, device=device)
-        probs = truncated_probs(logits[rows] / temperature[:, None], top_k, top_p, min_p)  # [R, V]
-        q = exponential_noise(sub, self.vocab_size, device)  # [R, V]
-        tokens[rows] = (probs / q).argmax(dim=-1)
-        return tokens
+
+class _SparseEdits:
+    """Writes into a [B, V] tensor at (row, col) pairs, remembering the old values to put them back.
+
+    On a contiguous tensor through a flat view (index_select / index_copy_: ~1 ms for 256k entries where
+    2-D advanced indexing took ~15 ms on the CPU); otherwise by 2-D indexing."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self._flat = x.view(-1) if x.is_contiguous() else None
+        self._undo: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def get(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        if self._flat is not None:
+            return self._flat.index_select(0, rows * self.x.shape[1] + cols)
+        return self.x[rows, cols]
+
+    def put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
+        self._undo.append((rows, cols, self.get(rows, cols)))
+        self._write(rows, cols, values.to(self.x.dtype))
+
+    def _write(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
+        if self._flat is not None:
+            self._flat.index_copy_(0, rows * self.x.shape[1] + cols, values)
+        else:
+            self.x.index_put_((rows, cols), values)
+
+    def restore(self) -> None:
+        for rows, cols, old in reversed(self._undo):
+            self._write(rows, cols, old)
+        self._undo.clear()
 
 
 def _gather_logprobs(
@@ -92,6 +162,7 @@ def _gather_logprobs(
     """raw_logprobs: [B, V] float32 or None; tokens: [B] int64. One device-to-host copy per tensor."""
     if raw_logprobs is None:
         return [None] * len(requests)
+    tokens = tokens.to(raw_logprobs.device)
     max_k = max(r.params.logprobs or 0 for r in requests)
     sampled = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()  # [B]
     top_values: list[list[float]] = [[] for _ in requests]

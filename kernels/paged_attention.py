@@ -253,6 +253,10 @@ def paged_attention(
     if block_q * group_p < 16:
         block_q = 16 // group_p
     dot_fp32, precision = dot_settings(query.dtype)
+    block_d = max(16, next_pow2(head_dim))
+    # Tall query tiles and wide K/V tiles spill registers at 4 warps on sm_80/89/90 (found by
+    # kernels/compile_check.py: up to 344 B at BLOCK_M 64, block 128); 8 warps spread them over twice the threads.
+    num_warps = 8 if block_q * group_p >= 64 or block_size * block_d >= 8192 else 4
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _paged_attention_kernel[grid](
         query,
@@ -279,12 +283,13 @@ def paged_attention(
         GROUP_P=group_p,
         BLOCK_Q=block_q,
         BLOCK_N=block_size,
-        BLOCK_D=max(16, next_pow2(head_dim)),
+        BLOCK_D=block_d,
         DOT_FP32=dot_fp32,
         PRECISION=precision,
         LOOP_FROM_ARG=LOOP_BOUND_FROM_ARG,
         WINDOWED=window is not None,
         SOFTCAP=softcap is not None,
+        num_warps=num_warps,
     )
     return out
 

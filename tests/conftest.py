@@ -39,3 +39,15 @@ def tiny_model_dir(tmp_path_factory) -> Callable[..., Path]:
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    """A real redis-server for one test module (no fakeredis), on a free loopback port, stopped by PID."""
+    from worker import local_redis
+
+    if local_redis.redis_server_path() is None:
+        pytest.skip("redis-server is not installed")
+    server = local_redis.start()
+    yield server
+    server.stop()

@@ -21,7 +21,7 @@ log = structlog.get_logger("conveyor.worker")
 class TokenTrace(NamedTuple):
     job_id: str
     sample: int
-    index: int  # of the event's first token in its sample
+    first_index: int  # of the event's first token in its sample
     sampled_wall_s: float  # time.time() when the step that sampled it returned
 
 

@@ -11,6 +11,7 @@ often renames it) is let through with a warning: the operator has to check the p
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import redis
 import structlog
@@ -59,7 +60,8 @@ def check_eviction_policy(client: redis.Redis, allow_eviction: bool) -> str | No
     """The server's maxmemory-policy (None when CONFIG is unavailable). Raises PreflightError on an
     evicting policy unless allow_eviction, in which case it logs a loud warning and goes on."""
     try:
-        reply = client.config_get("maxmemory-policy")
+        # Any: redis-py types replies for both decode modes; the key is bytes or str accordingly.
+        reply: Any = client.config_get("maxmemory-policy")
     except redis.ResponseError as exc:  # CONFIG disabled, renamed, or denied by ACL
         _log().warning(
             "cannot read maxmemory-policy (CONFIG unavailable): make sure it is noeviction, or Redis may "

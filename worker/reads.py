@@ -7,6 +7,8 @@ Reads ask only for as many jobs as the engine has room for, so a busy worker lea
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Any
 
 import redis
 import structlog
@@ -75,11 +77,12 @@ class Reader:
 
     def own_pending(self) -> list[Arrived]:
         """A worker restarted under the same name first finishes what is still pending under that name."""
-        cfg, found, start = self.cfg, [], b"0"
+        cfg, found, start = self.cfg, list[Arrived](), b"0"
         while True:
-            reply = with_retry(
-                lambda s=start: self.client.xreadgroup(
-                    cfg.group, cfg.consumer, {cfg.keys.requests: s}, count=500
+            # Any: redis-py types replies for both decode modes; this client's are bytes (worker.connection).
+            reply: Any = with_retry(
+                partial(
+                    self.client.xreadgroup, cfg.group, cfg.consumer, {cfg.keys.requests: start}, count=500
                 ),
                 "reading own pending entries",
                 self.stop,

@@ -17,23 +17,13 @@ from pathlib import Path
 
 import redis
 
+from tests.helpers.waiting import wait_until
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 from worker.local_redis import free_port
 
 ROOT = str(Path(__file__).resolve().parents[2])
 GROUP = "rel"
 K = Keys()
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.02):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 # ---- redis-server ---------------------------------------------------------------------------------------
@@ -76,7 +66,7 @@ class RedisProc:
                 return False
 
         try:
-            wait_for(up, 15, "redis-server to answer", 0.02)
+            wait_until(up, 15, "redis-server to answer", 0.02)
         finally:
             client.close()
         return self
@@ -148,7 +138,7 @@ class WorkerProc:
                 raise AssertionError(f"worker {self.consumer} exited: {self.log.read_text()[-3000:]}")
             return b'"worker started"' in self.log.read_bytes()
 
-        wait_for(started, timeout_s, f"worker {self.consumer} to start", 0.05)
+        wait_until(started, timeout_s, f"worker {self.consumer} to start", 0.05)
 
     def kill9(self) -> None:
         if self.alive():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from engine import Chat, EngineClient, Prompt, RejectReason, RequestRejected, SamplingParams
 from engine.outputs import EngineStats, StepDelta
+from tests.helpers.waiting import wait_until  # noqa: F401 (re-exported for the worker tests)
 from worker.config import WorkerConfig
 from worker.connection import connect
 from worker.loop import Worker
@@ -166,16 +167,6 @@ class FakeEngine:
 
 if TYPE_CHECKING:  # mypy (.ci/run) checks that the fake is an EngineClient, signatures included
     _: EngineClient = FakeEngine()
-
-
-def wait_until(predicate, timeout_s: float, what: str):
-    """Poll `predicate` until it returns something true (returned), or fail naming `what` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
-    return value
 
 
 def blocked_clients(client) -> int:

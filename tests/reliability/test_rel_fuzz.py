@@ -21,8 +21,8 @@ from tests.helpers.rel_helpers import (
     enqueue_many,
     expected_outputs,
     read_events,
-    wait_for,
     wait_terminal,
+    wait_until,
 )
 from worker.keys import JOB_FIELD
 
@@ -219,7 +219,7 @@ def test_fuzz_hostile_payloads_worker_stays_up(server, workers, model):
         group = [g for g in r.xinfo_groups(K.requests) if g["name"] == GROUP.encode()][0]
         return (group["lag"] == 0 and group["pending"] == 0) or not w.alive()
 
-    wait_for(settled, 150, "every entry read and acknowledged", 0.2)
+    wait_until(settled, 150, "every entry read and acknowledged", 0.2)
     assert w.alive(), f"worker died: {w.log.read_text()[-2000:]}"
     results = wait_terminal(r, [j["id"] for j in good], 60)
 

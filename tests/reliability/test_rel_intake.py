@@ -14,8 +14,8 @@ from tests.helpers.rel_helpers import (
     make_redis,
     read_events,
     redis_binary,
-    wait_for,
     wait_terminal,
+    wait_until,
 )
 from worker.keys import JOB_FIELD
 
@@ -61,7 +61,7 @@ def test_finished_id_is_not_run_again(pair, model):
     assert_exactly_once("fin1", first)
     # The same job again, and the same id with other parameters: both acknowledged, neither run.
     enqueue_many(r, [job, {**job, "max_tokens": 12, "prompt": "something else"}])
-    wait_for(lambda: settled(r), 20, "re-enqueued entries acknowledged")
+    wait_until(lambda: settled(r), 20, "re-enqueued entries acknowledged")
     assert read_events(r, "fin1") == first, "a finished job's stream must not change"
     assert finished_count(workers, "fin1") == 1
     assert not r.exists(K.owner("fin1"))
@@ -75,19 +75,19 @@ def test_duplicate_enqueue_of_a_running_id_gives_one_generation(pair, model):
     r = server.client()
     job = {"id": "run1", "prompt": "running twice?", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
     enqueue_many(r, [job])
-    wait_for(lambda: r.xlen(K.out("run1")) >= 3, 30, "the job streaming")
+    wait_until(lambda: r.xlen(K.out("run1")) >= 3, 30, "the job streaming")
     enqueue_many(r, [job, job, job])  # whichever worker reads these, the running job must not start again
     events = wait_terminal(r, ["run1"], 60)["run1"]
     chk = assert_exactly_once("run1", events)
     assert chk.end["type"] == "done" and chk.end["usage"]["completion_tokens"] == 1500
     assert chk.tokens == expected_outputs(model, [job])["run1"][0]
-    wait_for(lambda: settled(r), 20, "duplicates acknowledged")
+    wait_until(lambda: settled(r), 20, "duplicates acknowledged")
     assert finished_count(workers, "run1") == 1, "two generations of one id"
     assert not r.hexists(K.attempts, "run1")
 
 
 def _refused(r, entry_id: bytes) -> dict:
-    return wait_for(
+    return wait_until(
         lambda: next((f for _, f in r.xrange(K.dead) if f[b"entry_id"] == entry_id), None), 20, "dead letter"
     )
 

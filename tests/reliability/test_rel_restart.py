@@ -22,8 +22,8 @@ from tests.helpers.rel_helpers import (
     greedy_or_sampled,
     read_events,
     terminal,
-    wait_for,
     wait_terminal,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -46,12 +46,12 @@ def test_redis_killed_and_restarted_mid_run(redis_factory, workers, model):
     early = [_job(f"early{k}", k, 8) for k in range(6)]
     early_entries = enqueue_many(r, early)
     before = wait_terminal(r, [j["id"] for j in early], 30)
-    wait_for(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 10, "early jobs acknowledged")
+    wait_until(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 10, "early jobs acknowledged")
 
     # In flight during the outage.
     long = [_job(f"long{k}", k, 700) for k in range(16)]
     long_entries = enqueue_many(r, long)
-    wait_for(lambda: all(r.xlen(K.out(j["id"])) >= 2 for j in long), 60, "every long job streaming")
+    wait_until(lambda: all(r.xlen(K.out(j["id"])) >= 2 for j in long), 60, "every long job streaming")
     seen = {j["id"]: read_events(r, j["id"]) for j in long}  # what clients have read so far
     r.close()
     server.stop(signal.SIGKILL)
@@ -82,7 +82,7 @@ def test_redis_killed_and_restarted_mid_run(redis_factory, workers, model):
     # Jobs finished before the outage were not run again.
     for job in early:
         assert read_events(r, job["id"]) == before[job["id"]], job["id"]
-    wait_for(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 15, "all entries acknowledged")
+    wait_until(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 15, "all entries acknowledged")
     assert a.alive() and b.alive()
     finished = [e["request_id"] for w in (a, b) for e in w.logged("job finished")]
     assert sorted(set(finished) & {j["id"] for j in early}) == sorted(j["id"] for j in early)

@@ -13,8 +13,8 @@ from tests.helpers.rel_helpers import (
     greedy_or_sampled,
     read_events,
     terminal,
-    wait_for,
     wait_terminal,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -60,7 +60,7 @@ def test_kill9_with_20_in_flight_second_worker_finishes_all_exactly_once(server,
                     return consumer, ids
         return None
 
-    consumer, victim_ids = wait_for(victim_ready, 60, "a worker with 20 jobs streaming")
+    consumer, victim_ids = wait_until(victim_ready, 60, "a worker with 20 jobs streaming")
     victim = a if consumer == b"a" else b
     survivor = b if victim is a else a
     victim.kill9()
@@ -83,7 +83,7 @@ def test_kill9_with_20_in_flight_second_worker_finishes_all_exactly_once(server,
             assert events[: len(at_kill[job["id"]])] == at_kill[job["id"]], job["id"]
     resumed = {e["request_id"] for e in survivor.logged("job resumed")}
     assert set(unfinished) <= resumed, "every unfinished job of the victim is resumed, not restarted"
-    wait_for(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 10, "no pending entries")
+    wait_until(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 10, "no pending entries")
     assert r.hlen(K.attempts) == 0
 
 
@@ -106,7 +106,7 @@ def test_attempts_count_crashes_then_dead_letter_with_error_event(server, worker
         if attempt == 1:
             enqueue_many(r, [job])
         before = r.xlen(K.out("doomed"))
-        wait_for(lambda b=before: r.xlen(K.out("doomed")) >= b + 3, 60, "new tokens")
+        wait_until(lambda b=before: r.xlen(K.out("doomed")) >= b + 3, 60, "new tokens")
         w.kill9()
         assert terminal(read_events(r, "doomed")) is None, "the job finished before the kill"
         assert r.hget(K.attempts, "doomed") == str(attempt).encode(), "a crashed attempt is counted"

@@ -18,17 +18,6 @@ def llm(tiny_model_dir):
     engine.structured.close()
 
 
-@pytest.fixture(scope="module")
-def redis_server():
-    from worker import local_redis
-
-    if local_redis.redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    server = local_redis.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def r(redis_server):
     import redis

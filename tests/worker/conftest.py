@@ -1,4 +1,4 @@
-"""A real redis-server per test module (no fakeredis), flushed per test, stopped by PID."""
+"""A client of the module's real redis-server (tests/conftest.py), flushed per test."""
 
 from __future__ import annotations
 
@@ -6,17 +6,6 @@ import sys
 
 import pytest
 import redis
-
-from worker import local_redis
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    if local_redis.redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    server = local_redis.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

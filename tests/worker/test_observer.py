@@ -30,7 +30,7 @@ def test_a_tracer_records_each_token_event_and_publish_latency(redis_server, r):
     finally:
         worker.stop.request()
         thread.join(timeout=30)
-    assert {(t.job_id, t.sample, t.index) for t in tracer.trace} == (
+    assert {(t.job_id, t.sample, t.first_index) for t in tracer.trace} == (
         {("a", 0, i) for i in range(5)} | {("b", k, i) for k in range(2) for i in range(3)}
     )
     assert all(isinstance(t, TokenTrace) and t.sampled_wall_s > 0 for t in tracer.trace)

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import collections
 import signal
-import time
 
 import pytest
 
+from tests.helpers.waiting import wait_until
 from tests.helpers.worker_fakes import log_lines, real_engine, spawn_worker
 from worker.client import collect, enqueue
 from worker.keys import Keys
 
 pytestmark = [pytest.mark.redis]
 K = Keys()
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def stop(proc) -> int:
@@ -37,7 +29,7 @@ def test_two_workers_share_40_jobs(redis_server, r, tiny_model, tmp_path):
         spawn_worker(redis_server.url, tiny_model, name, log) for name, log in zip("ab", logs, strict=True)
     ]
     try:
-        wait_for(
+        wait_until(
             lambda: len(r.xinfo_consumers(K.requests, "test")) == 2 if r.exists(K.requests) else False,
             60,
             "workers",
@@ -66,7 +58,7 @@ def test_sigterm_drains_in_flight_and_leaves_the_rest(redis_server, r, tiny_mode
         enqueue(
             r, {"id": "long", "prompt": "drain me", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
         )
-        wait_for(lambda: r.xlen(K.out("long")) >= 2, 60, "first tokens")
+        wait_until(lambda: r.xlen(K.out("long")) >= 2, 60, "first tokens")
         enqueue(r, {"id": "queued", "prompt": "later", "max_tokens": 4})
         proc.send_signal(signal.SIGTERM)
         events = collect(r, "long", timeout_s=60)
@@ -94,10 +86,10 @@ def test_second_signal_exits_at_once_and_another_worker_resumes(redis_server, r,
     first = spawn_worker(redis_server.url, tiny_model, "first", tmp_path / "1.log", "--lease-ms", "1000")
     try:
         enqueue(r, job)
-        wait_for(lambda: r.xlen(K.out("rz")) >= 5, 60, "first tokens")
+        wait_until(lambda: r.xlen(K.out("rz")) >= 5, 60, "first tokens")
         first.send_signal(signal.SIGTERM)
         # Two identical pending signals would be delivered as one: the second goes once the first is seen.
-        wait_for(
+        wait_until(
             lambda: any(e.get("event") == "draining: no new jobs" for e in log_lines(tmp_path / "1.log")),
             30,
             "the drain",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 from worker.batch.openai_input import CHAT_URL
 
@@ -47,7 +48,7 @@ def from_event(custom_id: str, url: str, model: str, job_id: str, event: dict) -
     """(output line, succeeded, completion tokens) for the job's terminal event."""
     if event.get("type") == "error":
         code = str(event.get("code", "internal_error"))
-        body = {
+        body: dict[str, Any] = {
             "error": {
                 "message": event.get("message", ""),
                 "type": "invalid_request_error",
@@ -77,7 +78,7 @@ def from_event(custom_id: str, url: str, model: str, job_id: str, event: dict) -
             0,
         )
     chat = url == CHAT_URL
-    choices = [
+    choices: list[dict[str, Any]] = [
         {
             "index": k,
             "message": {"role": "assistant", "content": text},

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import redis
 
@@ -93,7 +93,10 @@ class BatchRunner:
 
     def _collect(self, inflight: dict[str, _InFlight]) -> None:
         """Read what the in-flight jobs' streams gained (blocking up to block_ms); write finished jobs."""
-        reply = self.client.xread({k: p.last_id for k, p in inflight.items()}, block=self.block_ms, count=256)
+        # Any: redis-py types replies for both decode modes; this client's are bytes (worker.connection).
+        reply: Any = self.client.xread(
+            {k: p.last_id for k, p in inflight.items()}, block=self.block_ms, count=256
+        )
         for key, entries in reply or []:
             key = key.decode() if isinstance(key, bytes) else key
             pending = inflight.get(key)
@@ -129,7 +132,8 @@ def _lines(path: str) -> Iterator[str]:
 
 class _maybe_open:
     def __init__(self, path: str | None) -> None:
-        self.path, self.file = path, None
+        self.path = path
+        self.file: IO[str] | None = None
 
     def __enter__(self) -> IO[str] | None:
         self.file = open(self.path, "a", encoding="utf-8") if self.path else None

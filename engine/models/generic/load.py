@@ -39,11 +39,11 @@ def read_config(model_dir: Path) -> Any:
         raise UnsupportedModelError(f"{model_dir}: transformers cannot read this config ({e})") from e
 
 
-def causal_lm_class(config: Any) -> type:
+def causal_lm_class(config: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        cls = AutoModelForCausalLM._model_mapping[type(config)]
+        cls: Any = AutoModelForCausalLM._model_mapping[type(config)]
     except KeyError as e:
         raise refuse(config, "transformers has no causal-LM class for it (not a decoder-only LM)") from e
     if not getattr(cls, "_supports_attention_backend", False):
@@ -75,7 +75,7 @@ def load_transformers_model(
     calls = probe(hf)
     text = hf.config.get_text_config()
     layers = tuple(
-        layer_attention(text, i, c) for i, c in enumerate(sorted(calls, key=lambda c: c.layer_idx))
+        layer_attention(text, i, c) for i, c in enumerate(sorted(calls, key=lambda c: c.layer_idx or 0))
     )
     return TransformersCausalLM(hf, layers), calls[0]
 

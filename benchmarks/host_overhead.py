@@ -1,0 +1,281 @@
+"""Host work per engine step with a model whose forward costs nothing: what a GPU would wait on.
+
+    python benchmarks/host_overhead.py                  # three scenarios, ~1-2 minutes on 2 CPU cores
+    python benchmarks/host_overhead.py --steps 10       # quicker, noisier
+
+The engine is real (scheduler, runner input preparation, sampler, detokenizer with the byte-level BPE
+tokenizer of the tiny models at vocab 32000, stop strings, output deltas); only the model is a stub: its
+forward returns a preallocated hidden tensor and `compute_logits` a rotating view of a preallocated
+[2 x batch, 32000] float32 table, so neither attention nor any matmul runs. Each step is split into:
+
+    schedule     Scheduler.schedule()
+    prepare      ModelRunner.prepare(): flat ids/positions, slot mapping, block tables, sample rows
+    forward      the stub (slicing a preallocated tensor): what is left of the model
+    sample       the Sampler call, including the device-to-host copy of the sampled ids
+    update       Scheduler.update_from_output(): append tokens, finish rules, free blocks
+    detokenize   TextStream.append: incremental detokenization and stop strings
+    outputs      the rest of step(): runner glue and building the StepDelta list
+
+Scenarios (targets from issue 10, on this CPU): 256 running sequences with ~1k-token contexts, greedy
+(< 2 ms/step); the same with temperature, top-p, top-k, repetition penalty and a seed per request (< 3 ms);
+one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/host_overhead-<label>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine import LLMEngine, SamplingParams  # noqa: E402
+from engine.detokenizer import TextStream  # noqa: E402
+from engine.tiny_model import make_tiny_model  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_APPEND = TextStream.append
+VOCAB = 32000
+PARTS = ("schedule", "prepare", "forward", "sample", "update", "detokenize", "outputs")
+TARGETS_MS = {"decode_greedy": 2.0, "decode_sampling": 3.0, "prefill_8k": 5.0}
+
+
+class StubModel:
+    """Stands in for LlamaForCausalLM: forward and logits are views of preallocated tensors.
+
+    The logits table favours the tokenizer's real (non-reserved, non-special) tokens so that greedy and
+    sampled ids decode to text; its rows rotate each step so the sampled ids change from step to step.
+    """
+
+    def __init__(self, max_tokens: int, rows: int, real_ids: torch.Tensor) -> None:
+        self._hidden = torch.zeros(max_tokens, 1)  # [T, 1]: nothing reads it
+        gen = torch.Generator().manual_seed(0)
+        table = torch.full((2 * rows, VOCAB), -20.0)
+        table[:, real_ids] = torch.randn(2 * rows, len(real_ids), generator=gen) * 3
+        self._table = table  # [2 * rows, V] float32
+        self._step = 0
+
+    def __call__(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        return self._hidden[: input_ids.shape[0]]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        self._step += 1
+        off = self._step % (self._table.shape[0] - hidden.shape[0] + 1)
+        return self._table[off : off + hidden.shape[0]]
+
+
+class Clock:
+    """Accumulates seconds per part over the measured steps; `active` False during warm-up."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[float]] = defaultdict(list)
+        self.current: dict[str, float] = defaultdict(float)
+        self.active = False
+
+    def wrap(self, part: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[part] += time.perf_counter() - t0
+
+        return timed
+
+    def step(self, engine: LLMEngine) -> list:
+        self.current.clear()
+        t0 = time.perf_counter()
+        deltas = engine.step()
+        total = time.perf_counter() - t0
+        if self.active:
+            named = sum(self.current.values())
+            for part in PARTS[:-1]:
+                self.parts[part].append(self.current.get(part, 0.0))
+            self.parts["outputs"].append(total - named)
+            self.parts["total"].append(total)
+        return deltas
+
+
+class _TimedSampler:
+    def __init__(self, sampler, clock: Clock) -> None:
+        self._call = clock.wrap("sample", sampler.__call__)
+        self._inner = sampler
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def real_token_ids(tokenizer) -> torch.Tensor:
+    special = set(tokenizer.all_special_ids)
+    return torch.tensor(
+        sorted(i for t, i in tokenizer.get_vocab().items() if not t.startswith("<|") and i not in special)
+    )
+
+
+def build_engine(model_dir: Path, clock: Clock, max_num_seqs: int, num_kv_blocks: int) -> LLMEngine:
+    engine = LLMEngine(
+        str(model_dir),
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8192,
+        num_kv_blocks=num_kv_blocks,
+        enable_prefix_caching=False,
+        attention_backend="torch",
+    )
+    engine.runner.model = StubModel(8192 + max_num_seqs, max_num_seqs, real_token_ids(engine.tokenizer))
+    engine.scheduler.schedule = clock.wrap("schedule", engine.scheduler.schedule)
+    engine.scheduler.update_from_output = clock.wrap("update", engine.scheduler.update_from_output)
+    engine.runner.prepare = clock.wrap("prepare", engine.runner.prepare)
+    engine.runner.sampler = _TimedSampler(engine.runner.sampler, clock)
+    TextStream.append = clock.wrap("detokenize", _APPEND)  # every stream of this engine
+    return engine
+
+
+def summarise(clock: Clock) -> dict:
+    out = {}
+    for part in (*PARTS, "total"):
+        values_ms = [v * 1e3 for v in clock.parts[part]]
+        out[part] = {"mean_ms": statistics.fmean(values_ms), "median_ms": statistics.median(values_ms)}
+    return out
+
+
+def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], args) -> dict:
+    clock = Clock()
+    engine = build_engine(model_dir, clock, args.batch, num_kv_blocks=args.batch * 80)
+    real = real_token_ids(engine.tokenizer)
+    gen = torch.Generator().manual_seed(1)
+    for i in range(args.batch):
+        n = 900 + int(torch.randint(0, 200, (1,), generator=gen))
+        prompt = real[torch.randint(0, len(real), (n,), generator=gen)].tolist()
+        engine.add_request(f"r{i}", prompt, params_for(i))
+    while engine.stats().num_waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+        clock.step(engine)  # prefill, in 8192-token chunks
+    for _ in range(args.warmup):
+        clock.step(engine)
+    clock.active = True
+    for _ in range(args.steps):
+        deltas = clock.step(engine)
+        if len(deltas) != args.batch:
+            raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
+    out = summarise(clock)
+    out["logits_pass_ms"] = logits_pass_ms(engine.runner.model._table[: args.batch])
+    return out
+
+
+def logits_pass_ms(logits: torch.Tensor, repeats: int = 20) -> float:
+    """One numpy argmax over [B, V] float32 logits: one read of them, the least any CPU sampler costs here
+    (on a GPU this pass is device work, not host work)."""
+    array = logits.contiguous().numpy()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        array.argmax(axis=-1)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def run_prefill(model_dir: Path, args) -> dict:
+    clock = Clock()
+    engine = build_engine(model_dir, clock, args.batch, num_kv_blocks=8192 // 16 + 16)
+    real = real_token_ids(engine.tokenizer)
+    gen = torch.Generator().manual_seed(2)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    for i in range(args.warmup + args.steps):
+        clock.active = i >= args.warmup
+        prompt = real[torch.randint(0, len(real), (8192,), generator=gen)].tolist()
+        engine.add_request(f"p{i}", prompt, params)
+        deltas = clock.step(engine)  # the whole prompt in one step, then one sampled token
+        if len(deltas) != 1 or not deltas[0].new_token_ids:
+            raise RuntimeError("the 8192-token prompt was not prefilled in one step")
+        engine.abort(f"p{i}")
+        clock.active = False
+        engine.step()  # hands out the abort delta
+    return summarise(clock)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--label", default=time.strftime("%Y%m%d-%H%M%S"))
+    # One thread: on this shared 2-core machine torch's second OpenMP thread turned 0.06 ms element-wise
+    # ops on [256, 50] into ~16 ms waits; host work is one Python thread anyway.
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--scenarios", default="decode_greedy,decode_sampling,prefill_8k")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_tiny_model(
+            Path(tmp) / "m", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=1,
+            vocab_size=VOCAB, intermediate_size=64, max_position_embeddings=16384,
+        )  # fmt: skip
+        scenarios = {
+            "decode_greedy": lambda: run_decode(
+                model_dir, lambda i: SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True), args
+            ),
+            "decode_sampling": lambda: run_decode(
+                model_dir,
+                lambda i: SamplingParams(
+                    max_tokens=4000,
+                    temperature=0.8,
+                    top_p=0.95,
+                    top_k=50,
+                    repetition_penalty=1.1,
+                    seed=1000 + i,
+                    ignore_eos=True,
+                ),
+                args,
+            ),
+            "prefill_8k": lambda: run_prefill(model_dir, args),
+        }
+        results = {}
+        for name in args.scenarios.split(","):
+            results[name] = scenarios[name]()
+            row = results[name]
+            parts = "  ".join(f"{p} {row[p]['mean_ms']:.2f}" for p in PARTS)
+            target = TARGETS_MS[name]
+            total = row["total"]["mean_ms"]
+            floor = (
+                f" | one read of the logits {row['logits_pass_ms']:.2f}" if "logits_pass_ms" in row else ""
+            )
+            print(f"{name:16s} total {total:6.2f} ms/step (target < {target}) | {parts}{floor}", flush=True)
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in ln
+        ),
+        platform.processor(),
+    )
+    report = {
+        "label": args.label,
+        "cpu": cpu,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "batch": args.batch,
+        "steps": args.steps,
+        "targets_ms": TARGETS_MS,
+        "results": results,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"host_overhead-{args.label}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

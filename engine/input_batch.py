@@ -1,0 +1,250 @@
+"""The host-side layout of one step, built vectorised, into persistent buffers of fixed addresses.
+
+Per step the runner needs flat input ids and positions [T], the slot of every new token [T], and per
+sequence its query start [S + 1], context length [S] and block table [S, W]. Built per token in Python
+this cost ~7 ms at 256 sequences x 1k tokens; here the per-sequence loop only collects four ints and the
+per-token work is numpy:
+
+    seq:        A (chunk of 3 from pos 5)   B (decode at pos 9)
+    qlens:      3                           1
+    seq_of:     0 0 0                       1              np.repeat(arange(S), qlens)
+    positions:  5 6 7                       9              arange(T) - qsl[seq_of] + start[seq_of]
+    slots:      table[row[seq_of], pos // bs] * bs + pos % bs
+
+Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table
+that only grows by the blocks appended since the last step; a step gathers its rows. The results are
+copied into device buffers allocated once, so the tensors of a step of S sequences and T tokens are always
+views at the same addresses, which CUDA graph replay needs. Padding (`pad_to`) appends decode-like
+sequences with slot -1 (their K/V are not written), position 0, context length 1 and an all-zero block
+table row, so a padded batch computes the same rows for every real sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.core.scheduler_output import ScheduledSequence
+
+
+class BlockTables:
+    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end)."""
+
+    def __init__(self, rows: int = 64, width: int = 64) -> None:
+        self.table = np.zeros((rows, width), dtype=np.int32)
+        self.counts = np.zeros(rows, dtype=np.int64)  # valid entries per row
+        self.rows: dict[str, int] = {}
+        # The Request object each row was filled for: an id reused by a new request rewrites the row.
+        self.owners: dict[str, object] = {}
+        self._free = list(range(rows - 1, -1, -1))
+
+    def row_for(self, request_id: str, block_ids: list[int], owner: object = None) -> int:
+        """The request's row, updated to `block_ids`. A running request's table only grows, so only the
+        blocks appended since the last step are written; a new owner of the id, a shorter table or a
+        changed last block rewrites the row (a preempted request's row is released by the caller)."""
+        row = self.rows.get(request_id)
+        if row is None:
+            row = self._take()
+            self.rows[request_id] = row
+        known = int(self.counts[row])
+        n = len(block_ids)
+        stale = self.owners.get(request_id) is not owner
+        self.owners[request_id] = owner
+        if stale or n < known or (known and self.table[row, known - 1] != block_ids[known - 1]):
+            self.table[row, :known] = 0
+            known = 0
+        if n > known:
+            if n > self.table.shape[1]:
+                self._grow(width=max(n, 2 * self.table.shape[1]))
+            self.table[row, known:n] = block_ids[known:]
+            self.counts[row] = n
+        return row
+
+    def release(self, request_id: str) -> None:
+        self.owners.pop(request_id, None)
+        row = self.rows.pop(request_id, None)
+        if row is not None:
+            self.table[row, : self.counts[row]] = 0
+            self.counts[row] = 0
+            self._free.append(row)
+
+    def release_all_but(self, alive: Container[str]) -> None:
+        for request_id in [r for r in self.rows if r not in alive]:
+            self.release(request_id)
+
+    def _take(self) -> int:
+        if not self._free:
+            old = self.table.shape[0]
+            self._grow(rows=2 * old)
+            self._free = list(range(2 * old - 1, old - 1, -1))
+        return self._free.pop()
+
+    def _grow(self, rows: int | None = None, width: int | None = None) -> None:
+        r, w = rows or self.table.shape[0], width or self.table.shape[1]
+        table = np.zeros((r, w), dtype=np.int32)
+        table[: self.table.shape[0], : self.table.shape[1]] = self.table
+        counts = np.zeros(r, dtype=np.int64)
+        counts[: len(self.counts)] = self.counts
+        self.table, self.counts = table, counts
+
+
+class DeviceBuffers:
+    """Step tensors allocated once at their maximum sizes; a step's tensors are views of their prefixes.
+
+    Sizes grow (new addresses) when a step needs more, unless `frozen` (CUDA graphs captured), then it raises.
+    """
+
+    def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
+        self.device = device
+        self.frozen = False
+        self._alloc(max_tokens, max_seqs, max_blocks)
+
+    def _alloc(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
+        dev = self.device
+        self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=dev)  # [T]
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=dev)  # [T]
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=dev)  # [T]
+        self.query_start_loc = torch.zeros(max_seqs + 1, dtype=torch.int32, device=dev)  # [S + 1]
+        self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=dev)  # [S]
+        # Flat, so that a step's [S, W] view is contiguous whatever W: [max_seqs * max_blocks]
+        self.block_tables = torch.zeros(max_seqs * max_blocks, dtype=torch.int32, device=dev)
+        self.sample_rows = torch.zeros(max_seqs, dtype=torch.int64, device=dev)  # [B]
+
+    def fit(self, tokens: int, seqs: int, blocks: int) -> None:
+        if tokens <= self.max_tokens and seqs <= self.max_seqs and blocks <= self.max_blocks:
+            return
+        if self.frozen:
+            raise RuntimeError(
+                f"step needs {tokens} tokens, {seqs} sequences, {blocks} blocks per sequence; the buffers "
+                f"captured by CUDA graphs hold {self.max_tokens}, {self.max_seqs}, {self.max_blocks}"
+            )
+        self._alloc(max(tokens, self.max_tokens), max(seqs, self.max_seqs), max(blocks, self.max_blocks))
+
+    @staticmethod
+    def put(buffer: torch.Tensor, values: np.ndarray) -> torch.Tensor:
+        """Copy `values` into the front of `buffer`; return that view (same address every step)."""
+        view = buffer[: values.size].view(values.shape)
+        view.copy_(torch.from_numpy(values), non_blocking=False)
+        return view
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    input_ids: torch.Tensor  # [T] int64 (T includes padding rows)
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # [B] int64: the row of each sampled sequence's logits in the flat batch
+    sample_ids: list[str]  # [B] request ids, in batch order
+    num_padded_seqs: int  # padding sequences appended (0 when not padded)
+
+
+class InputBatch:
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        max_tokens: int = 2048,
+        max_seqs: int = 64,
+        max_blocks: int = 64,
+    ) -> None:
+        self.block_size = block_size
+        self.tables = BlockTables(max_seqs, max_blocks)
+        self.buffers = DeviceBuffers(device, max_tokens, max_seqs, max_blocks)
+
+    def prepare(
+        self,
+        seqs: list[ScheduledSequence],
+        alive: Mapping[str, object] | None = None,
+        pad_to: int | None = None,
+        full_width: bool = False,
+        preempted: Sequence[str] = (),
+    ) -> PreparedStep:
+        """Lay out `seqs`. alive: the unfinished requests by id (rows of the others are freed; a row is
+        rewritten when its id now names another request object). preempted: ids whose blocks were freed.
+        pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
+        wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
+        bs = self.block_size
+        tables = self.tables
+        if alive is not None:
+            tables.release_all_but(alive)
+        for request_id in preempted:
+            tables.release(request_id)
+        owner_of = alive.get if alive is not None else (lambda _: None)
+        ids: list[int] = []
+        starts: list[int] = []
+        qlens: list[int] = []
+        rows: list[int] = []
+        last_row: dict[str, int] = {}
+        for s in seqs:
+            n = len(s.token_ids)
+            if not n:
+                if s.fork_of is None:
+                    raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
+                continue
+            rows.append(tables.row_for(s.request_id, s.block_ids, owner_of(s.request_id)))
+            ids.extend(s.token_ids)
+            starts.append(s.start_pos)
+            qlens.append(n)
+            last_row[s.request_id] = len(ids) - 1
+        sample_ids = [s.request_id for s in seqs if s.sample]
+        sample_rows = []
+        for s in seqs:
+            if s.sample:
+                source = s.request_id if s.token_ids else s.fork_of
+                if source not in last_row:
+                    raise ValueError(f"fork {s.request_id}: parent {source} has no tokens in this step")
+                sample_rows.append(last_row[source])
+
+        num_real = len(qlens)
+        pad = 0
+        if pad_to is not None and pad_to > num_real and all(q == 1 for q in qlens):
+            pad = pad_to - num_real
+        q = np.array(qlens + [1] * pad, dtype=np.int64)  # [S]
+        start = np.array(starts + [0] * pad, dtype=np.int64)  # [S]
+        num_seqs, num_tokens = len(q), len(ids) + pad
+        qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(q, out=qsl[1:])
+        seq_of = np.repeat(np.arange(num_seqs), q)  # [T]
+        pos = np.arange(num_tokens) - qsl[seq_of] + start[seq_of]  # [T]
+        seq_lens = start + q  # [S]
+        width = int(-(-seq_lens[:num_real].max() // bs)) if num_real else 1
+        table = tables.table
+        if width > table.shape[1]:
+            raise ValueError(f"a sequence needs {width} blocks but its table holds {table.shape[1]}")
+        real_tokens = len(ids)
+        slots = np.full(num_tokens, -1, dtype=np.int64)
+        row_arr = np.array(rows, dtype=np.int64)
+        real_pos = pos[:real_tokens]
+        slots[:real_tokens] = table[row_arr[seq_of[:real_tokens]], real_pos // bs] * bs + real_pos % bs
+        pos[real_tokens:] = 0
+
+        buf = self.buffers
+        buf.fit(num_tokens, max(num_seqs, len(sample_rows)), width)
+        out_width = buf.max_blocks if full_width else width
+        block_tables = np.zeros((num_seqs, out_width), dtype=np.int32)
+        block_tables[:num_real, :width] = table[row_arr, :width]
+        put = DeviceBuffers.put
+        meta = AttentionMetadata(
+            slot_mapping=put(buf.slot_mapping, slots),
+            query_start_loc=put(buf.query_start_loc, qsl.astype(np.int32)),
+            seq_lens=put(buf.seq_lens, seq_lens.astype(np.int32)),
+            block_tables=put(buf.block_tables, block_tables),
+            max_query_len=int(q.max()),
+            max_seq_len=int(seq_lens.max()),
+            is_decode_only=bool((q == 1).all()),
+            query_lens_cpu=tuple(q.tolist()),
+            seq_lens_cpu=tuple(seq_lens.tolist()),
+        )
+        return PreparedStep(
+            input_ids=put(buf.input_ids, np.array(ids + [0] * pad, dtype=np.int64)),
+            positions=put(buf.positions, pos),
+            meta=meta,
+            sample_rows=put(buf.sample_rows, np.array(sample_rows, dtype=np.int64)),
+            sample_ids=sample_ids,
+            num_padded_seqs=pad,
+        )

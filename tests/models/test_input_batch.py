@@ -1,0 +1,138 @@
+"""InputBatch lays a step out exactly as the per-token reference does, in buffers of fixed addresses."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.core.scheduler_output import ScheduledSequence
+from engine.cuda_graphs import batch_buckets, bucket_for
+from engine.input_batch import InputBatch
+from tests.helpers.model_helpers import metadata
+
+BS = 4
+
+
+def _check_same(step, seqs: list[ScheduledSequence]) -> None:
+    real = [s for s in seqs if s.token_ids]
+    ref = metadata([(s.start_pos, len(s.token_ids), s.block_ids) for s in real], BS)
+    got = step.meta
+    assert torch.equal(got.slot_mapping, ref.slot_mapping)
+    assert torch.equal(got.query_start_loc, ref.query_start_loc)
+    assert torch.equal(got.seq_lens, ref.seq_lens)
+    width = ref.block_tables.shape[1]
+    assert torch.equal(got.block_tables[:, :width], ref.block_tables)
+    assert not got.block_tables[:, width:].any()
+    assert (got.max_query_len, got.max_seq_len, got.is_decode_only) == (
+        ref.max_query_len,
+        ref.max_seq_len,
+        ref.is_decode_only,
+    )
+    assert got.query_lens_cpu == ref.query_lens_cpu and got.seq_lens_cpu == ref.seq_lens_cpu
+    assert step.input_ids.tolist() == [t for s in real for t in s.token_ids]
+    assert step.positions.tolist() == [p for s in real for p in range(s.start_pos, s.context_len)]
+
+
+def test_random_steps_match_the_per_token_layout():
+    """Requests come and go, grow their tables, prefill in chunks and decode; every step matches."""
+    rng = random.Random(0)
+    batch = InputBatch(BS, torch.device("cpu"), max_tokens=8, max_seqs=2, max_blocks=2)  # grows
+    free = list(range(1, 400))
+    rng.shuffle(free)
+    live: dict[str, dict] = {}
+    next_id = 0
+    for _ in range(60):
+        if len(live) < 6 and rng.random() < 0.4:
+            live[f"r{next_id}"] = {"prompt": rng.randint(1, 13), "done": 0, "blocks": []}
+            next_id += 1
+        if live and rng.random() < 0.15:
+            gone = rng.choice(sorted(live))
+            free += live.pop(gone)["blocks"]
+        seqs = []
+        for rid, r in live.items():
+            n = min(rng.randint(1, 5), r["prompt"] - r["done"]) if r["done"] < r["prompt"] else 1
+            end = r["done"] + n
+            while len(r["blocks"]) * BS < end:
+                r["blocks"].append(free.pop())
+            seqs.append(
+                ScheduledSequence(
+                    rid, [rng.randint(0, 99) for _ in range(n)], r["done"], list(r["blocks"]), True
+                )
+            )
+            r["done"] = end
+        if not seqs:
+            continue
+        _check_same(batch.prepare(seqs, alive=live), seqs)
+    assert set(batch.tables.rows) <= set(live)
+
+
+def test_a_reused_request_id_gets_its_new_table():
+    batch = InputBatch(BS, torch.device("cpu"))
+    first = [ScheduledSequence("a", [1] * 6, 0, [7, 8], True)]
+    batch.prepare(first)
+    again = [ScheduledSequence("a", [2] * 3, 0, [3], True)]  # the id came back with other blocks
+    _check_same(batch.prepare(again), again)
+
+
+def test_buffers_keep_their_addresses():
+    batch = InputBatch(BS, torch.device("cpu"), max_tokens=64, max_seqs=8, max_blocks=8)
+    a = batch.prepare([ScheduledSequence("a", [1, 2, 3], 0, [5], True)])
+    b = batch.prepare(
+        [ScheduledSequence("a", [4], 3, [5], True), ScheduledSequence("b", [9, 9, 9, 9, 9], 0, [1, 2], True)]
+    )
+    for x, y in [(a.input_ids, b.input_ids), (a.positions, b.positions), (a.sample_rows, b.sample_rows)]:
+        assert x.data_ptr() == y.data_ptr()
+    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+        assert getattr(a.meta, name).data_ptr() == getattr(b.meta, name).data_ptr(), name
+
+
+def test_decode_padding_adds_inert_sequences():
+    batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
+    seqs = [ScheduledSequence("a", [5], 6, [3, 4], True), ScheduledSequence("b", [6], 1, [2], True)]
+    step = batch.prepare(seqs, pad_to=4, full_width=True)
+    m = step.meta
+    assert step.num_padded_seqs == 2 and step.input_ids.tolist() == [5, 6, 0, 0]
+    assert m.slot_mapping.tolist() == [4 * BS + 2, 2 * BS + 1, -1, -1]
+    assert m.query_start_loc.tolist() == [0, 1, 2, 3, 4] and m.seq_lens.tolist() == [7, 2, 1, 1]
+    assert m.block_tables.shape == (4, 8) and not m.block_tables[2:].any()
+    assert step.positions.tolist() == [6, 1, 0, 0] and step.sample_rows.tolist() == [0, 1]
+    # A step with a prefill chunk is never padded.
+    mixed = [ScheduledSequence("a", [5], 7, [3, 4], True), ScheduledSequence("c", [1, 2], 0, [9], True)]
+    assert batch.prepare(mixed, pad_to=4).num_padded_seqs == 0
+
+
+def test_buckets():
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+    assert (
+        batch_buckets(1) == (1,)
+        and batch_buckets(5) == (1, 2, 4, 5)
+        and batch_buckets(20) == (1, 2, 4, 8, 16, 20)
+    )
+    buckets = batch_buckets(64)
+    assert [bucket_for(n, buckets) for n in (1, 3, 8, 9, 17, 64, 65)] == [1, 4, 8, 16, 24, 64, None]
+
+
+def test_fork_without_parent_in_step_is_an_error():
+    batch = InputBatch(BS, torch.device("cpu"))
+    with pytest.raises(ValueError, match="parent"):
+        batch.prepare(
+            [ScheduledSequence("a", [1], 0, [1], True), ScheduledSequence("c", [], 3, [2], True, "p")]
+        )
+
+
+def test_a_preempted_request_gets_its_new_table_even_if_its_last_block_matches():
+    batch = InputBatch(BS, torch.device("cpu"))
+    owner = object()
+    batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": owner})
+    # Preempted (blocks freed), then recomputed into [7, 9, 11]: block 9 lands at the same index by chance.
+    again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
+    _check_same(batch.prepare(again, alive={"a": owner}, preempted=["a"]), again)
+
+
+def test_an_id_reused_by_another_request_gets_its_new_table():
+    batch = InputBatch(BS, torch.device("cpu"))
+    batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": object()})
+    again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
+    _check_same(batch.prepare(again, alive={"a": object()}), again)
