@@ -8,7 +8,8 @@ import time
 import pytest
 
 from tests.cluster.conftest import SHARDS, sharded_worker
-from tests.helpers.worker_fakes import FakeEngine, wait_until
+from tests.helpers.waiting import wait_until
+from tests.helpers.worker_fakes import FakeEngine
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -7,7 +7,8 @@ import signal
 import pytest
 
 from tests.cluster.conftest import sharded_worker
-from tests.helpers.worker_fakes import FakeEngine, log_lines, real_engine, spawn_worker, wait_until
+from tests.helpers.waiting import wait_until
+from tests.helpers.worker_fakes import FakeEngine, log_lines, real_engine, spawn_worker
 from worker.keys import JOB_FIELD
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
