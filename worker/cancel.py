@@ -8,14 +8,16 @@ import threading
 import redis
 import structlog
 
+from worker.cluster.connect import ShardMoved
 from worker.connection import DOWN_ERRORS, Backoff
 
 log = structlog.get_logger("conveyor.cancel")
 
 
 class CancelListener:
-    def __init__(self, client: redis.Redis, channel: str) -> None:
-        self.client, self.channel = client, channel
+    def __init__(self, client: redis.Redis, channel: str, sharded: bool = False) -> None:
+        # sharded: Redis Cluster's SSUBSCRIBE (clients SPUBLISH to the shard's channel, docs/protocol.md).
+        self.client, self.channel, self.sharded = client, channel, sharded
         self._ids: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -39,18 +41,17 @@ class CancelListener:
         while not self._stop.is_set():
             try:
                 pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.channel)
+                if self.sharded:
+                    pubsub.ssubscribe(self.channel)
+                else:
+                    pubsub.subscribe(self.channel)
                 backoff.reset()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.5)
-                    if (
-                        message
-                        and message.get("type") == b"message"
-                        or (message and message.get("type") == "message")
-                    ):
+                    if message and message.get("type") in (b"message", "message", b"smessage", "smessage"):
                         self._add(message["data"])
                 pubsub.close()
-            except DOWN_ERRORS as exc:
+            except (*DOWN_ERRORS, ShardMoved) as exc:  # ShardMoved: cluster mode, until the worker rebuilt
                 delay = backoff.next_delay()
                 log.warning("cancel channel lost, resubscribing", error=str(exc), retry_in_s=delay)
                 self._stop.wait(delay)

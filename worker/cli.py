@@ -60,13 +60,24 @@ def redis_options(f):
     return f
 
 
-def _client(kw: dict):
+def _client(kw: dict, cluster: bool = False):
+    """A client for --redis-url: redis-py's cluster client in cluster mode (worker/cluster/connect.py)."""
     from worker.connection import TlsOptions, connect
 
     tls = TlsOptions(
         kw.pop("redis_ca_certs"), kw.pop("redis_certfile"), kw.pop("redis_keyfile"), kw.pop("redis_cert_reqs")
     )
-    return connect(kw.pop("redis_url"), tls)
+    if not cluster:
+        return connect(kw.pop("redis_url"), tls)
+    from redis.exceptions import RedisClusterException
+
+    from worker.cluster.connect import connect_cluster
+
+    url = kw.pop("redis_url")
+    try:
+        return connect_cluster(url, tls)
+    except (RedisClusterException, redis.ConnectionError) as exc:
+        raise click.ClickException(f"cannot use the Redis Cluster at --redis-url: {exc}") from exc
 
 
 @click.group(context_settings={"auto_envvar_prefix": "CONVEYOR", "show_default": True})
@@ -104,7 +115,7 @@ def worker(**kw: Any) -> None:
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
     url = kw["redis_url"]
-    client = _client(kw)
+    client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
         check_eviction_policy(client, kw["allow_eviction"])
@@ -124,7 +135,12 @@ def worker(**kw: Any) -> None:
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
-    w = Worker(engine, client, cfg)
+    if cfg.cluster:  # one Worker per shard over this engine
+        from worker.cluster.sharded_worker import ShardedWorker
+
+        w: Worker | ShardedWorker = ShardedWorker(engine, client, cfg)
+    else:
+        w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
     # Handlers only set a flag; the loop does the rest between steps.
     signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
@@ -146,20 +162,33 @@ def worker(**kw: Any) -> None:
 @opt("--seed", type=int, default=None)
 @opt("--chat", is_flag=True, help="send the prompt as one user message (chat template)")
 @opt("--timeout", type=float, default=300.0)
-def submit(prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, **kw) -> None:
+@opt("--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)")
+@opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards")
+@opt("--replicas", type=int, default=0, help="cluster mode: WAIT until this many replicas have the job")
+def submit(
+    prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, cluster, shards, replicas, **kw
+) -> None:
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
 
     from worker.client import enqueue, events
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    client = _client(kw)
+    client = _client(kw, cluster=True) if cluster else _client(kw)
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if seed is not None:
         job["seed"] = seed
-    enqueue(client, job, keys)
-    for event in events(client, job["id"], keys, timeout_s=timeout):
+    if cluster:
+        from worker.cluster.client import ClusterClient
+        from worker.cluster.shard_keys import ShardedKeys
+
+        sharded = ClusterClient(client, ShardedKeys(keys.prefix, shards))
+        stream = sharded.events(job["id"], sharded.submit(job, replicas=replicas), timeout_s=timeout)
+    else:
+        enqueue(client, job, keys)
+        stream = events(client, job["id"], keys, timeout_s=timeout)
+    for event in stream:
         if event["type"] == "token":
             click.echo(event["text"], nl=False)
         elif event["type"] == "done":

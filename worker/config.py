@@ -48,6 +48,12 @@ class WorkerConfig:
     )
     stream_ttl_s: int = knob(3600, "seconds an output stream lives after its last event", cli="stream-ttl")
     dead_maxlen: int = knob(100_000, "cap on the dead-letter stream's length")
+    cluster: bool = knob(
+        False,
+        "Redis Cluster: the queue is --shards streams with protocol version 2's keys (docs/protocol.md), "
+        "live events on sharded pub/sub (SPUBLISH)",
+    )
+    shards: int = knob(8, "cluster mode: the request stream's shards (as many as the clients submit to)")
     allow_eviction: bool = knob(
         False, "run on a Redis whose maxmemory-policy may evict keys (jobs and events can be lost)"
     )
@@ -57,6 +63,8 @@ class WorkerConfig:
             raise ValueError("lease_ms must be >= 300")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        if self.shards < 1:
+            raise ValueError("shards must be >= 1")
         if self.max_wait_ms < 0 or self.block_ms < 1:
             raise ValueError("max_wait_ms must be >= 0 and block_ms >= 1")
 

@@ -48,23 +48,29 @@ _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
 
 class Worker:
     def __init__(
-        self, engine: EngineClient, client: redis.Redis, cfg: WorkerConfig, observer: Observer | None = None
+        self,
+        engine: EngineClient,
+        client: redis.Redis,
+        cfg: WorkerConfig,
+        observer: Observer | None = None,
+        stop: StopFlag | None = None,
     ) -> None:
         self.engine, self.client, self.cfg = engine, client, cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
-        self.stop = StopFlag(cfg.drain_timeout_s)
+        # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
+        self.stop = stop or StopFlag(cfg.drain_timeout_s)
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
         self.arrived: list[Arrived] = []  # read, to be admitted in the next round
         # The next step's round, already holding what the last step's replies and events wrote into it.
         self.carry = Round()
-        self.cancels = CancelListener(client, cfg.keys.cancel_channel)
+        self.cancels = CancelListener(client, cfg.keys.cancel_channel, sharded=cfg.cluster)
         self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
         self.reader = Reader(client, cfg, self.stop, IdleStop(self.stop), self.health)
         self.reclaimer = Reclaimer(cfg)
         self.trimmer = Trimmer(cfg.keys.requests)
         self.consumer_lease = ConsumerLease(client, cfg)
-        self.publisher = Publisher(self.aborter.lost, self._full)
+        self.publisher = Publisher(self.aborter.lost, self._full, sharded_pubsub=cfg.cluster)
         self.admitter = Admitter(
             cfg, engine, self.inflight.get, self._admitted, self.observer.outcome, self._readmit
         )

@@ -174,8 +174,14 @@ class Publisher:
     """Adds batches to rounds; writes refused for lack of memory again later; drops the jobs whose writes
     another worker's events refused."""
 
-    def __init__(self, on_lost: Callable[[InFlight], None], on_full: Callable[[str], None]) -> None:
-        self.script = Script(WRITE)
+    def __init__(
+        self,
+        on_lost: Callable[[InFlight], None],
+        on_full: Callable[[str], None],
+        sharded_pubsub: bool = False,
+    ) -> None:
+        # Redis Cluster: SPUBLISH stays on the channel's shard; a PUBLISH would be copied to every node.
+        self.script = Script(WRITE.replace("'PUBLISH'", "'SPUBLISH'") if sharded_pubsub else WRITE)
         self.on_lost, self.on_full = on_lost, on_full
 
     def add(self, rnd: Round, batch: Batch, retried: bool = False) -> None:

@@ -22,7 +22,7 @@ def add_failure(
         payload = error_event(error.code.value, error.message)
         # An auto id: above any 0-<seq> a previous attempt wrote, and terminal for resume.py.
         rnd.add(lambda p: p.xadd(key, {EVENT_FIELD: payload}, maxlen=cfg.stream_maxlen, approximate=True))
-        rnd.add(lambda p: p.publish(key, payload))
+        rnd.raw(("SPUBLISH" if cfg.cluster else "PUBLISH", key, payload))
         rnd.add(lambda p: p.expire(key, cfg.stream_ttl_s))
     dead = {
         b"entry_id": entry_id,

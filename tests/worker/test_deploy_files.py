@@ -72,3 +72,22 @@ def test_dockerfile_lints_clean():
         pytest.skip("hadolint is not installed")
     done = subprocess.run(["hadolint", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_compose_cluster_runs_workers_in_cluster_mode():
+    spec = compose_config("compose.cluster.yaml")
+    services = spec["services"]
+    nodes = [name for name in services if name.startswith("redis-")]
+    assert len(nodes) == 6  # 3 masters + 3 replicas (cluster-init: --cluster-replicas 1)
+    for name in nodes:
+        command = " ".join(services[name]["command"])
+        assert "--cluster-enabled yes" in command and "--maxmemory-policy noeviction" in command
+    init = " ".join(services["cluster-init"]["command"])
+    assert "--cluster create" in init and "--cluster-replicas 1" in init
+    assert all(f"{name}:6379" in init for name in nodes)
+    worker = services["worker"]
+    assert (
+        worker["environment"]["CONVEYOR_CLUSTER"] == "1" and worker["environment"]["CONVEYOR_SHARDS"] == "8"
+    )
+    assert worker["depends_on"]["cluster-init"]["condition"] == "service_completed_successfully"
+    assert "container_name" not in worker and "ports" not in worker, "the worker could not scale"

@@ -1,0 +1,72 @@
+"""One real Redis Cluster (3 masters, 3 replicas, loopback) per test module, each server stopped by PID."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from contextlib import contextmanager
+
+import pytest
+
+from worker.cluster import local_cluster
+from worker.cluster.client import ClusterClient
+from worker.cluster.connect import connect_cluster
+from worker.cluster.shard_keys import ShardedKeys
+from worker.cluster.sharded_worker import ShardedWorker
+from worker.config import WorkerConfig
+
+SHARDS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server and redis-cli are needed")
+    started = local_cluster.start(tmp_path_factory.mktemp("cluster"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def client(cluster):
+    """A cluster client on an emptied cluster."""
+    rc = connect_cluster(cluster.url)
+    rc.flushall(target_nodes=rc.PRIMARIES)
+    c = ClusterClient(rc, ShardedKeys("conveyor", SHARDS))
+    yield c
+    c.close()
+
+
+@contextmanager
+def sharded_worker(engine, url: str, consumer: str, **overrides):
+    """A ShardedWorker on a thread; drained on exit."""
+    cfg = WorkerConfig(
+        **{
+            "group": "test",
+            "consumer": consumer,
+            "lease_ms": 3000,
+            "cluster": True,
+            "shards": SHARDS,
+            **overrides,
+        }
+    )
+    worker = ShardedWorker(engine, connect_cluster(url), cfg)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop.request()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "worker did not stop"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The real engine's tiny random checkpoint (as tests/worker/conftest.py makes it)."""
+    try:
+        from engine import LLMEngine  # noqa: F401
+        from engine.tiny_model import make_tiny_model
+    except ImportError as exc:
+        pytest.skip(f"engine not available: {exc}")
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))

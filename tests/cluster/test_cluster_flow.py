@@ -1,0 +1,65 @@
+"""Workers in cluster mode against a real 3-master Redis Cluster, with the fake engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.conftest import SHARDS, sharded_worker
+from tests.helpers.worker_fakes import FakeEngine
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def nothing_pending(client) -> bool:
+    for k in range(SHARDS):
+        keys = client.sharded.shard(k)
+        node = client.node(k)
+        group = node.xinfo_groups(keys.requests)[0]
+        if group["pending"] or group["lag"] or node.hlen(keys.attempts):
+            return False
+    return True
+
+
+def test_two_workers_finish_200_jobs_over_8_shards(cluster, client):
+    engines = [FakeEngine(max_num_seqs=16), FakeEngine(max_num_seqs=16)]
+    with sharded_worker(engines[0], cluster.url, "w1"), sharded_worker(engines[1], cluster.url, "w2"):
+        placed = {}
+        for i in range(200):
+            job = {"id": f"j{i}", "prompt": f"p{i}", "max_tokens": 5, "seed": i}
+            placed[job["id"]] = client.submit(job, replicas=1)
+        assert set(placed.values()) == set(range(SHARDS))  # every shard got jobs
+        for job_id, shard in placed.items():
+            events = client.collect(job_id, shard, timeout_s=60)
+            i = int(job_id[1:])
+            assert [e["index"] for e in events[:-1]] == list(range(5))
+            assert events[-1]["type"] == "done"
+            assert events[-1]["text"] == engines[0].expected_text(f"p{i}", 5, seed=i)
+    assert nothing_pending(client)
+    # Both workers took jobs (each read only what its engine had room for).
+    assert engines[0].generated > 0 and engines[1].generated > 0
+
+
+class RecordingEngine(FakeEngine):
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.started: list[str] = []
+
+    def add_request(self, request_id, prompt, params=None, **kw):
+        self.started.append(request_id)
+        return super().add_request(request_id, prompt, params, **kw)
+
+
+def test_no_shard_waits_behind_another_when_room_is_short(cluster, client):
+    """Room for one job at a time and three queued on every shard: the shard read first rotates, so the
+    first eight jobs started come from (nearly) eight shards, not three from shard 0, then shard 1..."""
+    for k in range(SHARDS):
+        for i in range(3):
+            client.submit({"id": f"s{k}-{i}", "prompt": "x", "max_tokens": 3}, shard=k)
+    engine = RecordingEngine(max_num_seqs=1)
+    with sharded_worker(engine, cluster.url, "w1"):
+        for k in range(SHARDS):
+            for i in range(3):
+                assert client.collect(f"s{k}-{i}", k, timeout_s=60)[-1]["type"] == "done"
+    first = [job_id.split("-")[0] for job_id in engine.started[:SHARDS]]
+    assert len(set(first)) >= 6, engine.started
+    assert nothing_pending(client)

@@ -1,0 +1,1 @@
+"""Redis Cluster support: protocol version 2's sharded key layout and the cluster client."""

@@ -1,0 +1,71 @@
+"""The Python client in cluster mode: submit to a shard, optionally confirmed by replicas (WAIT), and read
+the job's events from the same shard's output stream (worker.client's reader on that shard's master).
+
+The client chooses the shard: by default crc32 of the job id modulo the shard count, so submitting the
+same id again lands on the same shard, where the worker's owner key keeps it from running twice.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+
+import redis
+from redis.cluster import RedisCluster
+
+from worker import client as single
+from worker.cluster.connect import shard_client
+from worker.cluster.shard_keys import ShardedKeys
+from worker.keys import JOB_FIELD
+
+
+class NotReplicated(RuntimeError):
+    """WAIT saw fewer replicas than asked: the job was queued but a failover now may lose it."""
+
+
+def shard_for(job_id: str, shards: int) -> int:
+    return zlib.crc32(job_id.encode()) % shards
+
+
+class ClusterClient:
+    def __init__(self, cluster: RedisCluster, sharded: ShardedKeys | None = None) -> None:
+        self.cluster, self.sharded = cluster, sharded or ShardedKeys()
+        self._clients: dict[int, redis.Redis] = {}
+
+    def node(self, shard: int) -> redis.Redis:
+        """A client on the master of the shard's slot (it follows a failover)."""
+        if shard not in self._clients:
+            self._clients[shard] = shard_client(self.cluster, self.sharded.shard(shard).requests)
+        return self._clients[shard]
+
+    def submit(self, job: dict, shard: int | None = None, replicas: int = 0, wait_ms: int = 1000) -> int:
+        """XADD the job to its shard's request stream; with replicas > 0 also WAIT for that many replicas to
+        have it (raises NotReplicated when they did not within wait_ms). Returns the shard."""
+        k = shard_for(str(job["id"]), self.sharded.shards) if shard is None else shard
+        pipe = self.node(k).pipeline(transaction=False)  # one connection: WAIT covers this XADD
+        pipe.xadd(self.sharded.shard(k).requests, {JOB_FIELD: json.dumps(job)})
+        if replicas > 0:
+            pipe.execute_command("WAIT", replicas, wait_ms)
+        replies = pipe.execute()
+        if replicas > 0 and int(replies[-1]) < replicas:
+            raise NotReplicated(f"job {job['id']} reached {replies[-1]} of {replicas} replicas")
+        return k
+
+    def events(self, job_id: str, shard: int, timeout_s: float = 300) -> Iterator[dict]:
+        return single.events(self.node(shard), job_id, self.sharded.shard(shard), timeout_s=timeout_s)
+
+    def collect(self, job_id: str, shard: int, timeout_s: float = 300) -> list[dict]:
+        return list(self.events(job_id, shard, timeout_s))
+
+    def cancel(self, job_id: str, shard: int) -> None:
+        """The cancel key (seen within a step) and the shard's cancel channel (SPUBLISH)."""
+        keys = self.sharded.shard(shard)
+        client = self.node(shard)
+        client.set(keys.cancel(job_id), 1, ex=3600)
+        client.execute_command("SPUBLISH", keys.cancel_channel, job_id)
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self.cluster.close()

@@ -1,0 +1,165 @@
+"""A throwaway Redis Cluster on loopback (tests and benchmarks): N masters with R replicas each, every
+server a LocalRedis stopped by its PID, created with `redis-cli --cluster create`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from worker import local_redis
+
+
+@dataclass
+class LocalCluster:
+    servers: list[local_redis.LocalRedis]
+    folder: Path
+    killed: set[int] = field(default_factory=set)  # ports of servers killed on purpose
+
+    @property
+    def url(self) -> str:
+        """Any live node: the cluster client finds the others from it."""
+        live = next(s for s in self.servers if s.port not in self.killed)
+        return f"redis://127.0.0.1:{live.port}"
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+    def master_of(self, key: str) -> local_redis.LocalRedis:
+        """The server owning `key`'s slot now (asked of a live node)."""
+        port = next(s.port for s in self.servers if s.port not in self.killed)
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=port) as client:
+            node = client.get_node_from_key(key)
+        return next(s for s in self.servers if s.port == node.port)
+
+    def kill(self, server: local_redis.LocalRedis) -> None:
+        """kill -9, by PID: no shutdown, nothing flushed."""
+        self.killed.add(server.port)
+        server.process.kill()
+        server.process.wait()
+
+    def wait_promoted(self, key: str, timeout_s: float = 30) -> local_redis.LocalRedis:
+        """After kill(): until a live server is the master of `key`'s slot and the cluster is ok again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                master = self.master_of(key)
+                if master.port not in self.killed:
+                    self.wait_ok(max(1.0, deadline - time.monotonic()))
+                    return master
+            except (redis.RedisError, redis.cluster.RedisClusterException):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no replica took over {key}'s slot")
+            time.sleep(0.1)
+
+    def wait_ok(self, timeout_s: float = 30) -> None:
+        """Until every live node says cluster_state:ok and agrees that every master it knows is alive."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if all(self._node_ok(s.port) for s in self.servers if s.port not in self.killed):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not become ok")
+            time.sleep(0.1)
+
+    def _node_ok(self, port: int) -> bool:
+        try:
+            with self.node(port) as client:
+                info = client.execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" not in text:
+                    return False
+                nodes = client.execute_command("CLUSTER", "NODES")
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False
+        lines = (nodes.decode() if isinstance(nodes, bytes) else str(nodes)).splitlines()
+        fields = [line.split() for line in lines if line]
+        # Field 3 holds the flags; fields from the 9th on are the slots a master serves.
+        return not any("fail" in f[2] and "master" in f[2] and len(f) > 8 for f in fields)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def cluster_port() -> int:
+    """A free port below 55536: each node also listens on its port + 10000 (the cluster bus)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> LocalCluster:
+    """Start masters * (1 + replicas) servers and join them into one cluster whose state is ok."""
+    folder.mkdir(parents=True, exist_ok=True)
+    servers: list[local_redis.LocalRedis] = []
+    cluster = LocalCluster(servers, folder)
+    try:
+        for _ in range(masters * (1 + replicas)):
+            port = cluster_port()
+            args = [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(folder / f"nodes-{port}.conf"),
+                "--cluster-node-timeout", str(node_timeout_ms),
+                "--dir", str(folder),
+                "--dbfilename", f"dump-{port}.rdb",
+                "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not after 5 s
+            ]  # fmt: skip
+            servers.append(local_redis.start(port, args))
+        addresses = [f"127.0.0.1:{s.port}" for s in servers]
+        done = subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")
+        cluster.wait_ok()
+        _wait_replicas_synced(cluster, replicas)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def _wait_replicas_synced(cluster: LocalCluster, replicas: int, timeout_s: float = 30) -> None:
+    """Until each master has its replicas online (WAIT would otherwise time out on a fresh cluster)."""
+    deadline = time.monotonic() + timeout_s
+    for server in cluster.servers:
+        with cluster.node(server.port) as client:
+            while True:
+                info = client.info("replication")
+                online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+                if (
+                    info.get("role") != "master"
+                    or sum(v.get("state") == "online" for v in online) >= replicas
+                ):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("replicas did not connect")
+                time.sleep(0.05)

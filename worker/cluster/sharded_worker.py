@@ -1,0 +1,144 @@
+"""A worker in cluster mode: one `Worker` per shard over one engine (shared_engine.py), ticked in turn.
+
+Each shard's Worker is the single-Redis worker unchanged, with its shard's keys (protocol version 2) and a
+client on the master holding the shard's slot (connect.py): its consumer group, leases, XAUTOCLAIM
+takeover, dead letters, trimming and cancel channel are per shard, and every MULTI/EXEC and script stays
+in one slot. The loop ticks the shards' workers in a rotating order, so the shard read first (when the
+engine has room for fewer jobs than are queued) changes every cycle and no shard starves. While the
+engine has work each shard's worker does a non-blocking round per step; while it is idle each blocks on
+its own stream for block_ms / shards, so the whole cycle waits about block_ms.
+
+When a shard's master fails and a replica takes over, the writes this worker made last (events, acks) may
+not have reached the replica. The shard's worker then forgets its jobs (aborted in the engine, nothing
+written) and starts over from the new master's state, as a worker restarted under the same name would:
+its pending entries are read again and resumed from the events their output streams hold (resume.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import structlog
+from redis.cluster import RedisCluster
+
+from engine.client import EngineClient
+from worker.cluster.connect import MasterPool, ShardMoved, shard_client
+from worker.cluster.shard_keys import ShardedKeys
+from worker.cluster.shared_engine import SharedEngine
+from worker.config import WorkerConfig
+from worker.loop import Worker
+from worker.metrics import Metrics
+from worker.observer import Observer
+from worker.round import Round
+from worker.stop import StopFlag, StopRequested
+
+log = structlog.get_logger("conveyor.worker")
+
+
+class ShardedWorker:
+    def __init__(
+        self,
+        engine: EngineClient,
+        cluster: RedisCluster,
+        cfg: WorkerConfig,
+        observer: Observer | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sharded = ShardedKeys(cfg.keys.prefix, cfg.shards)
+        self.shared = SharedEngine(engine, cfg.shards)
+        self.stop = StopFlag(cfg.drain_timeout_s)
+        self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
+        per_shard_block = max(1, cfg.block_ms // cfg.shards)
+        self.workers: list[Worker] = []
+        for k, keys in enumerate(self.sharded.all()):
+            shard_cfg = replace(cfg, keys=keys, cluster=True, block_ms=per_shard_block)
+            client = shard_client(cluster, keys.requests, fence_moves=True)
+            self.workers.append(Worker(self.shared.views[k], client, shard_cfg, self.observer, self.stop))
+        self.shared.reserved = lambda k: self.workers[k]._admitting + len(self.workers[k].arrived)
+        self._next = 0  # the shard ticked first in the next cycle
+        # Shards rebuilt after a failover, with the ids of the jobs they aborted: their pending entries are
+        # read again once those jobs have left the engine (an id runs at most once there).
+        self._leaving: dict[int, set[str]] = {}
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.observer.metrics
+
+    def run(self) -> None:
+        started: list[Worker] = []
+        try:
+            for worker in self.workers:
+                started.append(worker)
+                worker.start()
+            log.info("sharded worker started", shards=self.cfg.shards, consumer=self.cfg.consumer)
+            while not self.stop.cold.is_set():
+                if self.stop.warm.is_set() and (not self.inflight() or self.stop.expired()):
+                    break
+                self.tick()
+        except StopRequested as exc:
+            log.warning("stopping while Redis is unavailable or full", error=str(exc))
+            for worker in self.workers:
+                worker._redis_lost = True
+        finally:
+            for worker in self.workers:
+                if worker in started:
+                    try:
+                        worker._shutdown()
+                    except ShardMoved:  # jobs left pending on the new master, for whoever reads them
+                        log.warning("shard moved while stopping", stream=worker.cfg.keys.requests)
+                else:
+                    worker.io.shutdown(wait=True)
+
+    def tick(self) -> None:
+        """One cycle: at most one engine step, and one tick of every shard's worker."""
+        self.shared.new_cycle()
+        n = len(self.workers)
+        for i in range(n):
+            k = (self._next + i) % n
+            worker = self.workers[k]
+            if k in self._leaving:
+                self._resume_when_left(k)
+                if k in self._leaving:
+                    continue
+            try:
+                worker.tick()
+            except ShardMoved as moved:
+                self._rebuild(k, moved)
+        self._next = (self._next + 1) % n
+
+    def _rebuild(self, k: int, moved: ShardMoved) -> None:
+        """Forget shard k's jobs (the new master's state is the truth now) and accept the new master."""
+        worker = self.workers[k]
+        log.warning("shard failed over: restarting its jobs from the new master", shard=k, error=str(moved))
+        leaving = set()
+        for job in worker.inflight.values():
+            if self.shared.engine.abort(job.job_id):
+                leaving.add(job.job_id)
+        worker.inflight.clear()
+        worker.arrived, worker.carry, worker._admitting = [], Round(), 0
+        worker.backoff.reset()
+        for script in (worker.publisher.script, worker.trimmer.script, worker.consumer_lease.script):
+            script.loaded = False  # the new master may not have them
+        pool = worker.client.connection_pool
+        assert isinstance(pool, MasterPool)
+        pool.accept_move()
+        self._leaving[k] = leaving
+        self._resume_when_left(k)
+
+    def _resume_when_left(self, k: int) -> None:
+        if any(job_id in self.shared.shard_of for job_id in self._leaving[k]):
+            self.shared.step_for(k)  # their final "abort" deltas; nobody publishes them (not in flight)
+            return
+        # Their last deltas may wait in the shard's bucket (another view stepped): they must not reach the
+        # same ids admitted again.
+        leaving = self._leaving.pop(k)
+        self.shared.buckets[k] = [d for d in self.shared.buckets[k] if d.request_id not in leaving]
+        worker = self.workers[k]
+        try:
+            worker.reader.ensure_group()
+            worker.arrived.extend(worker.reader.own_pending())
+        except ShardMoved as moved:  # moved again meanwhile
+            self._rebuild(k, moved)
+
+    def inflight(self) -> int:
+        return sum(len(w.inflight) for w in self.workers)
