@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.client import EngineClient
+from engine.errors import RejectReason, RequestRejected
 from engine.outputs import StepDelta
 
 
@@ -60,8 +61,9 @@ class EngineView:
         shared = self.shared
         if request_id in shared.shard_of:
             # The engine knows requests by id alone: the same id on two shards would mix their tokens.
-            raise ValueError(
-                f"request {request_id!r} is already running (from shard {shared.shard_of[request_id]})"
+            raise RequestRejected(
+                RejectReason.DUPLICATE_ID,
+                f"request {request_id!r} is already running (from shard {shared.shard_of[request_id]})",
             )
         shared.shard_of[request_id] = self.shard
         shared.samples_left[request_id] = max(1, getattr(params, "n", 1) or 1)
