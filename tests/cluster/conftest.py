@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from contextlib import contextmanager
 
 import pytest
 
+from tests.helpers.worker_fakes import on_a_thread
 from worker.cluster import local_cluster
 from worker.cluster.client import ClusterClient
 from worker.cluster.connect import connect_cluster
@@ -50,23 +50,5 @@ def sharded_worker(engine, url: str, consumer: str, **overrides):
             **overrides,
         }
     )
-    worker = ShardedWorker(engine, connect_cluster(url), cfg)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with on_a_thread(ShardedWorker(engine, connect_cluster(url), cfg)) as worker:
         yield worker
-    finally:
-        worker.stop.request()
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "worker did not stop"
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """The real engine's tiny random checkpoint (as tests/worker/conftest.py makes it)."""
-    try:
-        from engine import LLMEngine  # noqa: F401
-        from engine.tiny_model import make_tiny_model
-    except ImportError as exc:
-        pytest.skip(f"engine not available: {exc}")
-    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))

@@ -181,10 +181,8 @@ def blocked_clients(client) -> int:
 
 
 @contextmanager
-def running_worker(engine, url: str, **overrides):
-    """A Worker on a thread; warm-stopped (drained) on exit."""
-    cfg = WorkerConfig(**{"group": "test", "consumer": "w1", "lease_ms": 3000, **overrides})
-    worker = Worker(engine, connect(url), cfg)
+def on_a_thread(worker):
+    """Run a Worker (or ShardedWorker) on a thread; warm-stopped (drained) on exit, which must end it."""
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -193,6 +191,14 @@ def running_worker(engine, url: str, **overrides):
         worker.stop.request()
         thread.join(timeout=30)
         assert not thread.is_alive(), "worker did not stop"
+
+
+@contextmanager
+def running_worker(engine, url: str, **overrides):
+    """A Worker on a thread; warm-stopped (drained) on exit."""
+    cfg = WorkerConfig(**{"group": "test", "consumer": "w1", "lease_ms": 3000, **overrides})
+    with on_a_thread(Worker(engine, connect(url), cfg)) as worker:
+        yield worker
 
 
 ENGINE_KW = {"num_kv_blocks": 256, "max_num_seqs": 16, "max_num_batched_tokens": 512}

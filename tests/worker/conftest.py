@@ -16,17 +16,6 @@ def r(redis_server):
     client.close()
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """The real engine's tiny random checkpoint, made once per test session."""
-    try:
-        from engine import LLMEngine  # noqa: F401
-        from engine.tiny_model import make_tiny_model
-    except ImportError as exc:
-        pytest.skip(f"engine not available: {exc}")
-    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))
-
-
 @pytest.fixture(autouse=True)
 def uncached_logging(monkeypatch):
     """In-process CLI runs configure structlog with cached loggers, which would keep later tests'
