@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
@@ -25,6 +24,7 @@ from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.sampler import Sampler, TokenSampler
 
 
 class ModelRunner:
@@ -36,7 +36,7 @@ class ModelRunner:
         block_size: int = 16,
         device: str | torch.device = "cpu",
         backend: AttentionBackend | None = None,
-        sampler: Any = None,
+        sampler: TokenSampler | None = None,
         *,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
@@ -59,11 +59,9 @@ class ModelRunner:
         self.kv_pool = kv_pool
         self.num_blocks = kv_pool.shape[2]
         self.kv_caches = layer_views(kv_pool)
-        if sampler is None:
-            from engine.sampler import Sampler
-
-            sampler = Sampler(spec.vocab_size, spec.eos_token_ids)
-        self.sampler = sampler
+        self.sampler = (
+            sampler if sampler is not None else Sampler(spec.vocab_size, frozenset(spec.eos_token_ids))
+        )
         self.buckets = batch_buckets(max_num_seqs)
         max_blocks = -(-max_model_len // block_size)
         self.batch = InputBatch(

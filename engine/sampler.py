@@ -18,6 +18,7 @@ and frequency penalties, which need per-row counts, work on a private copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -36,6 +37,12 @@ class SamplerResult:
     # Per request: None unless its params.logprobs is set; else the sampled token first, then the top-k by
     # descending logprob (the sampled token may appear twice).
     logprobs: list[TokenLogprobs | None]
+
+
+class TokenSampler(Protocol):
+    """What the model runner calls once per step: one token (and optional logprobs) per row of logits."""
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult: ...
 
 
 class Sampler:

@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 
+from engine.core.request import Request
+from engine.sampler import SamplerResult, TokenSampler
+
 # (row in the batch, its xgrammar.GrammarMatcher)
 MaskRows = list[tuple[int, Any]]
 
@@ -44,10 +47,10 @@ class GrammarMaskingSampler:
     a batch without constraints costs one dict lookup per row.
     """
 
-    def __init__(self, sampler: Any, rows_for: Callable[[list], MaskRows], vocab_size: int) -> None:
+    def __init__(self, sampler: TokenSampler, rows_for: Callable[[list], MaskRows], vocab_size: int) -> None:
         self.sampler, self.rows_for, self.vocab_size = sampler, rows_for, vocab_size
 
-    def __call__(self, logits: torch.Tensor, requests: list) -> Any:
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
         logits = apply_grammar_masks(logits, self.rows_for(requests), self.vocab_size)
         return self.sampler(logits, requests)
 
