@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import MaskRows
 
@@ -76,7 +77,7 @@ class StructuredOutputManager:
         """Block until a compile ends or `timeout_s` passes (the engine has nothing else to run)."""
         cf.wait([f for _, f in self._compiling.values()], timeout_s, return_when=cf.FIRST_COMPLETED)
 
-    def poll(self, scheduler: Any) -> list[Failure]:
+    def poll(self, scheduler: Scheduler) -> list[Failure]:
         """Start the requests whose grammar is ready; return those whose compile or replay failed."""
         live: Mapping[str, Request] = scheduler.requests
         for seq_id in [s for s in self._matchers if s not in live]:
