@@ -7,6 +7,7 @@ The vocabulary is 321 (odd), so the last rank's head and embedding carry one pad
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from engine.attention.backend import get_attention_backend
 from engine.distributed.group import TPGroup
 from engine.models.config import UnsupportedModelError
 from engine.models.generic.load import load_transformers_model
+from engine.models.generic.tensor_parallel import Slice
+from engine.models.generic.tp_load import CheckpointReader
 from tests.helpers.model_helpers import metadata
 from tests.helpers.tp_ranks import run_on_ranks
 
@@ -24,6 +27,8 @@ CASES = {
     "qwen3": ("qwen3", {}),  # explicit head_dim (32) wider than hidden / heads, q/k norms kept whole
     "gemma2-mqa": ("gemma2", {"num_kv_heads": 1}),  # one KV head for two ranks: replicated; soft-capping
     "gemma3-tied": ("gemma3", {"tie_word_embeddings": True}),  # scaled embedding shared with the head
+    # q/k/v fused per head in one colwise projection; the checkpoint's `embed_out` is the model's `lm_head`.
+    "gpt_neox": ("gpt_neox", {}),
 }
 BLOCK = 4
 PROMPTS = [list(range(3, 14)), [40, 7, 300, 5, 320]]  # 11 and 5 tokens; 320 is the last real vocabulary id
@@ -31,7 +36,17 @@ PROMPTS = [list(range(3, 14)), [40, 7, 300, 5, 320]]  # 11 and 5 tokens; 320 is 
 
 def _paged_steps(group: TPGroup, model_dir: str) -> dict:
     """On each rank: load the shard, prefill two sequences in one step, then decode one token each."""
-    net, call = load_transformers_model(Path(model_dir), torch.float32, torch.device("cpu"), tp=group)
+    whole: list[str] = []  # matrices the loader read whole from the checkpoint
+    read = CheckpointReader.read
+
+    def recording(reader: CheckpointReader, name: str, part: Slice | None) -> torch.Tensor:
+        tensor = read(reader, name, part)
+        if part is None and tensor.dim() >= 2:
+            whole.append(name)
+        return tensor
+
+    with mock.patch.object(CheckpointReader, "read", recording):
+        net, call = load_transformers_model(Path(model_dir), torch.float32, torch.device("cpu"), tp=group)
     net.attn_backend = get_attention_backend("torch", torch.device("cpu"))
     layers = net.hf.config.get_text_config().num_hidden_layers
     shape = (16, BLOCK, call.num_kv_heads, call.head_dim)  # this rank's KV heads
@@ -56,6 +71,7 @@ def _paged_steps(group: TPGroup, model_dir: str) -> dict:
         "matrix_bytes": sum(p.numel() * p.element_size() for p in params if p.dim() >= 2),
         "vector_bytes": sum(p.numel() * p.element_size() for p in params if p.dim() < 2),
         "vocab_size": net.vocab_size,
+        "whole_matrices": whole,
     }
 
 
@@ -90,6 +106,7 @@ def test_each_rank_reports_its_own_heads(case):
 
 def test_each_rank_holds_half_the_matrices(case):
     name, single, ranks = case
+    assert all(r["whole_matrices"] == [] for r in ranks)  # every matrix read as this rank's slice
     # Norms (and other vectors) are whole on every rank.
     assert all(r["vector_bytes"] <= single["vector_bytes"] for r in ranks)
     if name == "gemma2-mqa":  # its k/v projections are whole on both ranks

@@ -9,6 +9,7 @@ No rank ever holds a whole split weight, not even for a moment.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from torch import nn
+from transformers.conversion_mapping import get_model_conversion_mapping
 
 from engine.distributed.group import TPGroup
 from engine.models.generic.attention import ATTN_IMPLEMENTATION
@@ -31,9 +33,34 @@ def load_shard(
         hf = cls._from_config(config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     _fill_buffers(hf, device)
     shard_modules(hf, group)
-    with CheckpointReader(model_dir) as reader:
+    with CheckpointReader(model_dir, checkpoint_names(hf)) as reader:
         _load_parameters(hf, reader, device)
     return hf.eval()
+
+
+def checkpoint_names(hf: Any) -> Callable[[str], str]:
+    """Checkpoint tensor name -> the model's, by transformers' own renamings for the family (GPT-NeoX's
+    `embed_out` is `lm_head`, legacy `gamma`/`beta`, a missing or extra base-model prefix). Tensors that need
+    more than a rename (experts stacked, projections fused) are refused: only from_pretrained does that."""
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    from engine.models.generic.checks import refuse
+
+    transforms = get_model_conversion_mapping(hf)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    model_names = dict.fromkeys(hf.state_dict(keep_vars=True))
+
+    def rename(name: str) -> str:
+        renamed, converted = rename_source_key(name, renamings, converters, hf.base_model_prefix, model_names)
+        if converted is not None:
+            raise refuse(
+                hf.config,
+                f"checkpoint tensor {name} needs a conversion ({converted}) the sharded loader lacks",
+            )
+        return renamed if renamed in model_names or name not in model_names else name
+
+    return rename
 
 
 def _fill_buffers(hf: Any, device: torch.device) -> None:
@@ -46,19 +73,20 @@ def _fill_buffers(hf: Any, device: torch.device) -> None:
 
 
 class CheckpointReader:
-    """Tensor name -> an open safetensors file; reads whole tensors or one slice of them."""
+    """The model's tensor name -> (open safetensors file, name there); reads whole tensors or one slice."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, rename: Callable[[str], str] = lambda name: name) -> None:
         self.model_dir = model_dir
+        self.rename = rename
         self._stack = ExitStack()
-        self._files: dict[str, Any] = {}
+        self._files: dict[str, tuple[Any, str]] = {}
 
     def __enter__(self) -> CheckpointReader:
         from engine.model_loader import _weight_files
 
         for path in _weight_files(self.model_dir):
             handle = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
-            self._files.update(dict.fromkeys(handle.keys(), handle))
+            self._files.update({self.rename(name): (handle, name) for name in handle.keys()})
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -72,10 +100,10 @@ class CheckpointReader:
         return set(self._files)
 
     def read(self, name: str, part: Slice | None) -> torch.Tensor:
-        handle = self._files[name]
+        handle, stored = self._files[name]
         if part is None:
-            return handle.get_tensor(name)
-        view = handle.get_slice(name)
+            return handle.get_tensor(stored)
+        view = handle.get_slice(stored)
         extent = view.get_shape()[part.dim]
         stop = min(part.span.stop, extent)
         index = (slice(None),) * part.dim + (slice(part.span.start, stop),)
