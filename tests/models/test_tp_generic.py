@@ -141,3 +141,10 @@ def test_refuses_a_model_without_a_tp_plan(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(transformers.Qwen3Config, "base_model_tp_plan", None)
     with pytest.raises(UnsupportedModelError, match=r"Qwen3ForCausalLM: .*declares no tensor-parallel plan"):
         load_transformers_model(model_dir, torch.float32, torch.device("cpu"), tp=TPGroup(0, 2))
+
+
+def test_refuses_a_plan_that_names_no_module(tiny_model_dir, monkeypatch):
+    model_dir = tiny_model_dir("qwen3", **TINY)
+    monkeypatch.setattr(transformers.Qwen3Config, "base_model_tp_plan", {"blocks.*.attn.wq": "colwise"})
+    with pytest.raises(UnsupportedModelError, match=r"names none of its linear layers"):
+        load_transformers_model(model_dir, torch.float32, torch.device("cpu"), tp=TPGroup(0, 2))

@@ -72,6 +72,7 @@ def shard_modules(hf: Any, group: TPGroup) -> None:
     check_splits(config, group.size)
     modules = dict(hf.named_modules())
     embedding_names = {n for n, m in modules.items() if m is hf.get_input_embeddings()}
+    split = 0
     for pattern, style in text.base_model_tp_plan.items():
         names = _matching(modules, f"{hf.base_model_prefix}.{pattern}") - embedding_names
         if not names or style in WHOLE_STYLES:
@@ -91,6 +92,9 @@ def shard_modules(hf: Any, group: TPGroup) -> None:
                     config, f"{name} is a {type(linear).__name__}, not the nn.Linear its plan splits"
                 )
             _replace(hf, name, _split(config, name, linear, style, group))
+            split += 1
+    if not split:  # every layer whole on every rank: it would run, but N times the memory for nothing
+        raise refuse(config, "its tensor-parallel plan (base_model_tp_plan) names none of its linear layers")
     _shard_vocabulary(hf, group)
     _set_head_counts(hf, text, group)
 
