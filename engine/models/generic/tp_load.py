@@ -18,9 +18,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
 from engine.distributed.group import TPGroup
 from engine.models.generic.attention import ATTN_IMPLEMENTATION
+from engine.models.generic.checks import refuse
 from engine.models.generic.tensor_parallel import Slice
 from engine.models.generic.tp_shard import shard_modules
 
@@ -42,10 +44,6 @@ def checkpoint_names(hf: Any) -> Callable[[str], str]:
     """Checkpoint tensor name -> the model's, by transformers' own renamings for the family (GPT-NeoX's
     `embed_out` is `lm_head`, legacy `gamma`/`beta`, a missing or extra base-model prefix). Tensors that need
     more than a rename (experts stacked, projections fused) are refused: only from_pretrained does that."""
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
-
-    from engine.models.generic.checks import refuse
-
     transforms = get_model_conversion_mapping(hf)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
