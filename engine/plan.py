@@ -10,6 +10,11 @@ The activation reserve is an estimate of one step's transient tensors: for every
 hidden state, residual, qkv and the gate/up output (`tokens * (2*hidden + qkv_width + 2*intermediate)`
 elements in the model dtype), plus float32 logits for every sampled row (`max_num_seqs * vocab * 4`).
 
+With `tensor_parallel_size` N every figure is per GPU: the split weights (attention heads, MLP columns, the
+vocabulary padded to a multiple of N) count 1/N, KV heads `kv_heads_per_rank` (replicated when fewer than N),
+norms whole; the same rules the loaders use (engine/distributed/partition.py; the generic path splits a
+meta-device model with its own loader's code). A model that cannot split raises ValueError naming the reason.
+
 Sliding-window layers are listed but save nothing here: the engine keeps every block of a sequence until
 it finishes (no block is freed when it slides out of the windows), so KV per token counts every layer.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.distributed.partition import check_model_splits, kv_heads_per_rank, padded_vocab
 from engine.kv_cache import kv_bytes_per_token
 from engine.models.config import ModelArgs
 from engine.models.registry import is_native
@@ -35,8 +41,8 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 @dataclass(frozen=True)
 class Plan:
-    num_params: int
-    weight_bytes: int
+    num_params: int  # the whole model's
+    weight_bytes: int  # per GPU, as every byte figure below
     kv_bytes_per_token: int
     kv_bytes_per_block: int
     activation_reserve_bytes: int
@@ -51,19 +57,26 @@ class Plan:
     max_num_seqs: int = 64
     # Per layer: its sliding window, or None (full attention). Informational: KV bytes do not shrink.
     layer_windows: tuple[int | None, ...] = ()
+    tensor_parallel_size: int = 1
+    params_per_gpu: int | None = None  # None: num_params (one GPU)
 
     @property
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
 
-def count_params(args: ModelArgs) -> int:
-    """Parameters of a Llama-family model (q/k/v/o, gated MLP, norms, embeddings, optional untied head)."""
-    h, inter, vocab, d = args.hidden_size, args.intermediate_size, args.vocab_size, args.head_dim
-    qkv = (args.num_heads + 2 * args.num_kv_heads) * d
+def count_params(args: ModelArgs, tensor_parallel_size: int = 1) -> int:
+    """Parameters of a Llama-family model (q/k/v/o, gated MLP, norms, embeddings, optional untied head) that
+    one of `tensor_parallel_size` ranks holds (all of them for 1)."""
+    n = tensor_parallel_size
+    check_model_splits(args.num_heads, args.num_kv_heads, args.intermediate_size, n)
+    h, d = args.hidden_size, args.head_dim
+    q, kv = args.num_heads // n * d, kv_heads_per_rank(args.num_kv_heads, n) * d
+    inter, vocab = args.intermediate_size // n, padded_vocab(args.vocab_size, n) // n
+    qkv = q + 2 * kv
     bias = qkv if args.qkv_bias else 0
     qk_norm = 2 * d if args.qk_norm else 0
-    layer = h * qkv + bias + args.num_heads * d * h + 3 * h * inter + 2 * h + qk_norm
+    layer = h * qkv + bias + q * h + 3 * h * inter + 2 * h + qk_norm
     head = 0 if args.tie_word_embeddings else vocab * h
     return vocab * h + args.num_layers * layer + h + head
 
@@ -92,6 +105,7 @@ def plan(
     *,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 64,
+    tensor_parallel_size: int = 1,
 ) -> Plan:
     path = Path(config_path_or_dir)
     cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
@@ -99,21 +113,23 @@ def plan(
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
     args: ModelArgs | GenericShape
+    n = tensor_parallel_size
     if is_native(cfg):
         # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
         args = ModelArgs.from_hf(cfg)
-        params = count_params(args)
+        params, per_gpu = count_params(args), count_params(args, n)
     else:  # the generic path: transformers reads the config, parameters counted on a meta-device model
         from engine.models.generic.shape import generic_shape
 
-        args = generic_shape(cfg)
-        params = args.num_params
-    weights = params * item
-    per_token = kv_bytes_per_token(args.num_layers, args.num_kv_heads, args.head_dim, item)
+        args = generic_shape(cfg, n)
+        params, per_gpu = args.num_params, args.num_params_per_rank
+    weights = per_gpu * item
+    kv_heads = kv_heads_per_rank(args.num_kv_heads, n)
+    per_token = kv_bytes_per_token(args.num_layers, kv_heads, args.head_dim, item)
     per_block = per_token * block_size
-    qkv = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
-    reserve = max_num_batched_tokens * (2 * args.hidden_size + qkv + 2 * args.intermediate_size) * item
-    reserve += max_num_seqs * args.vocab_size * 4
+    qkv = (args.num_heads // n + 2 * kv_heads) * args.head_dim
+    reserve = max_num_batched_tokens * (2 * args.hidden_size + qkv + 2 * args.intermediate_size // n) * item
+    reserve += max_num_seqs * args.vocab_size * 4  # rank 0 gathers every rank's logits columns
     budget = max(0, memory_bytes - weights - reserve)
     blocks = budget // per_block
     model_len = max_model_len or args.max_position_embeddings
@@ -138,6 +154,8 @@ def plan(
         concurrency=concurrency,
         max_num_seqs=max_num_seqs,
         layer_windows=config_layer_windows(cfg),
+        tensor_parallel_size=n,
+        params_per_gpu=per_gpu if n > 1 else None,
     )
 
 
@@ -157,8 +175,14 @@ def _count(n: int) -> str:
 
 
 def format_plan(p: Plan) -> str:
-    lines = [
-        f"parameters          {_count(p.num_params)}  ({p.dtype}: weights {_size(p.weight_bytes)})",
+    lines = [f"parameters          {_count(p.num_params)}  ({p.dtype}: weights {_size(p.weight_bytes)})"]
+    if p.tensor_parallel_size > 1:
+        lines = [
+            f"tensor parallel     {p.tensor_parallel_size} GPUs; every size below is per GPU",
+            f"parameters          {_count(p.num_params)}, {_count(p.params_per_gpu or 0)} per GPU  "
+            f"({p.dtype}: weights {_size(p.weight_bytes)} per GPU)",
+        ]
+    lines += [
         f"KV per token        {_size(p.kv_bytes_per_token)}",
         f"KV per block        {_size(p.kv_bytes_per_block)}  (block_size {p.block_size})",
         f"memory budget       {_size(p.memory_bytes)}",

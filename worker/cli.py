@@ -255,6 +255,9 @@ def _size_option(ctx, param, value):
 @click.option(
     "--seq-len", "seq_lens", type=int, multiple=True, help="sequence lengths to size for (repeatable)"
 )
+@click.option(
+    "--tensor-parallel-size", type=int, default=1, show_default=True, help="GPUs the model splits over"
+)
 def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int, **kw) -> None:
     """How many KV blocks and concurrent sequences fit in a memory budget (reads only config.json)."""
     from engine.plan import format_plan, plan
@@ -269,6 +272,7 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
             seq_lens=kw["seq_lens"] or None,
             max_num_seqs=kw["max_num_seqs"],
             max_num_batched_tokens=kw["max_num_batched_tokens"],
+            tensor_parallel_size=kw["tensor_parallel_size"],
         )
     except (OSError, KeyError, ValueError) as exc:
         raise click.ClickException(f"cannot plan for {model}: {exc}") from exc

@@ -28,3 +28,22 @@ def test_plan_matches_the_checkpoint(tiny_model_dir, arch, extra, kv_heads, head
     assert p.num_params == sum(t.numel() for t in model.parameters())
     assert p.weight_bytes == 4 * p.num_params
     assert p.kv_bytes_per_token == 2 * 2 * kv_heads * head_dim * 4  # layers * (K, V) * heads * dim * fp32
+
+
+def test_plan_per_gpu_splits_what_the_loader_splits(tiny_model_dir):
+    # Gemma 2 on 2 GPUs: every matrix halves (the vocabulary, 320, splits evenly), the norms stay whole.
+    folder = tiny_model_dir("gemma2", **TINY)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    vectors = sum(t.numel() for t in model.parameters() if t.dim() == 1)
+    one = plan(folder, memory_bytes=1 << 30, dtype="float32", block_size=16)
+    two = plan(folder, memory_bytes=1 << 30, dtype="float32", block_size=16, tensor_parallel_size=2)
+    assert 2 * two.params_per_gpu == one.num_params + vectors
+    assert two.weight_bytes == 4 * two.params_per_gpu
+    assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
+
+
+def test_plan_refuses_a_generic_model_that_does_not_split(tiny_model_dir):
+    with pytest.raises(ValueError, match="MixtralForCausalLM: mixture-of-experts layers"):
+        plan(tiny_model_dir("mixtral", **TINY), memory_bytes=1 << 30, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="Gemma2ForCausalLM: num_attention_heads=4 cannot be split evenly"):
+        plan(tiny_model_dir("gemma2", **TINY), memory_bytes=1 << 30, tensor_parallel_size=3)

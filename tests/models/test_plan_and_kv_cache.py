@@ -48,6 +48,38 @@ def test_llama3_8b_plan(tmp_path):
         plan(tmp_path, 80 * 2**30, seq_lens=(100_000,))
 
 
+def test_llama3_8b_plan_over_two_and_sixteen_gpus(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    one = plan(tmp_path, 80 * 2**30, seq_lens=(1024,))
+    two = plan(tmp_path, 80 * 2**30, seq_lens=(1024,), tensor_parallel_size=2)
+    assert two.num_params == one.num_params
+    # Everything halves but the 2 norms per layer and the final one, whole on each GPU.
+    assert 2 * two.params_per_gpu == one.num_params + (2 * 32 + 1) * 4096
+    assert two.weight_bytes == 2 * two.params_per_gpu
+    assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2  # 4 of the 8 KV heads per GPU
+    assert two.num_blocks == (80 * 2**30 - two.weight_bytes - two.activation_reserve_bytes) // (2**20)
+    assert two.num_blocks > 2 * one.num_blocks  # half the KV per token and room freed by the weights
+    assert two.concurrency[1024] == two.num_blocks // 64
+    assert "2 GPUs; every size below is per GPU" in format_plan(two) and "4.02B per GPU" in format_plan(two)
+    # 16 GPUs, 8 KV heads: each KV head replicated on two GPUs, so KV per token is 1/8, not 1/16.
+    sixteen = plan(tmp_path, 80 * 2**30, seq_lens=(1024,), tensor_parallel_size=16)
+    assert sixteen.kv_bytes_per_token == one.kv_bytes_per_token // 8
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        (3, "num_attention_heads=32 cannot be split evenly over tensor_parallel_size=3"),
+        (64, "num_attention_heads=32 cannot be split evenly over tensor_parallel_size=64"),
+        (0, "tensor_parallel_size must be >= 1"),
+    ],
+)
+def test_plan_refuses_a_split_the_model_cannot_take(tmp_path, size, message):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    with pytest.raises(ValueError, match=message):
+        plan(tmp_path, 80 * 2**30, tensor_parallel_size=size)
+
+
 def test_plan_default_lengths_follow_max_model_len(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
     assert sorted(plan(tmp_path, 80 * 2**30, max_model_len=4096).concurrency) == [512, 2048, 4096]

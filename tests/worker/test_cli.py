@@ -77,6 +77,10 @@ def test_plan_and_make_tiny_model(tiny_model, tmp_path):
     )
     bad = CliRunner().invoke(main, ["plan", "--model", tiny_model, "--memory", "lots"])
     assert bad.exit_code != 0 and "not a size" in bad.output
+    split = ["plan", "--model", tiny_model, "--memory", "512MiB", "--tensor-parallel-size"]
+    assert "2 GPUs; every size below is per GPU" in CliRunner().invoke(main, [*split, "2"]).output
+    odd = CliRunner().invoke(main, [*split, "3"])
+    assert odd.exit_code != 0 and "cannot be split evenly over tensor_parallel_size=3" in odd.output
     made = CliRunner().invoke(main, ["make-tiny-model", str(tmp_path / "q"), "--arch", "qwen3"])
     assert made.exit_code == 0, made.output
     assert (tmp_path / "q" / "config.json").exists()

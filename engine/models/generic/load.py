@@ -3,6 +3,10 @@
     config checks (no weights)  ->  from_pretrained(attn_implementation="conveyor_paged")  ->  probe forward
     ->  per-layer scale / window / soft-cap  ->  TransformersCausalLM + ModelSpec
 
+Under tensor parallelism (`tp` of several ranks) the model is instead built on the meta device and each rank
+reads only its slices of the checkpoint (tp_load.py, tp_shard.py); the probe then runs on every rank (its
+forward is collective) and checks the attention calls see this rank's share of the heads.
+
 The probe runs a few tokens through the model twice under a recording scope: once through its own causal-LM
 forward, once as base model + `head_logits`. The first checks every layer called the attention interface once
 (and reads the KV shapes from the calls); comparing the two checks the head holds no step we do not repeat.
@@ -15,6 +19,8 @@ from typing import Any
 
 import torch
 
+from engine.distributed.group import TPGroup
+from engine.distributed.partition import kv_heads_per_rank
 from engine.models.config import UnsupportedModelError
 from engine.models.generic.attention import (
     ATTN_IMPLEMENTATION,
@@ -56,13 +62,34 @@ def causal_lm_class(config: Any) -> Any:
 
 
 def load_transformers_model(
-    model_dir: Path, torch_dtype: torch.dtype, device: torch.device
+    model_dir: Path, torch_dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
 ) -> tuple[TransformersCausalLM, ProbeCall]:
-    """Returns the wrapped model in eval mode (attn_backend not set) and one probe call (the KV shapes)."""
+    """Returns the wrapped model in eval mode (attn_backend not set) and one probe call (the KV shapes; under
+    tensor parallelism this rank's heads and KV heads, which size its KV pool)."""
+    tp = tp or TPGroup.single()
     config = read_config(model_dir)
     refuse_config(config)
     cls = causal_lm_class(config)
     register()
+    if tp.size > 1:
+        from engine.models.generic.tp_load import load_shard
+        from engine.models.generic.tp_shard import check_splits
+
+        check_splits(config, tp.size)  # before any weight is read
+        hf = load_shard(model_dir, cls, config, torch_dtype, device, tp)
+    else:
+        hf = _from_pretrained(model_dir, cls, torch_dtype).to(device).eval()
+    calls = probe(hf)
+    if tp.size > 1:
+        _check_rank_heads(hf.config, calls[0], tp)
+    text = hf.config.get_text_config()
+    layers = tuple(
+        layer_attention(text, i, c) for i, c in enumerate(sorted(calls, key=lambda c: c.layer_idx or 0))
+    )
+    return TransformersCausalLM(hf, layers, tp), calls[0]
+
+
+def _from_pretrained(model_dir: Path, cls: Any, torch_dtype: torch.dtype) -> Any:
     hf, info = cls.from_pretrained(
         str(model_dir), dtype=torch_dtype, attn_implementation=ATTN_IMPLEMENTATION, output_loading_info=True
     )
@@ -71,13 +98,21 @@ def load_transformers_model(
     if problems or info.get("error_msgs"):
         detail = "; ".join(f"{k}: {', '.join(map(str, v[:4]))}" for k, v in problems.items())
         raise KeyError(f"{model_dir}: checkpoint does not match {cls.__name__} ({detail})")
-    hf = hf.to(device).eval()
-    calls = probe(hf)
-    text = hf.config.get_text_config()
-    layers = tuple(
-        layer_attention(text, i, c) for i, c in enumerate(sorted(calls, key=lambda c: c.layer_idx or 0))
-    )
-    return TransformersCausalLM(hf, layers), calls[0]
+    return hf
+
+
+def _check_rank_heads(config: Any, call: ProbeCall, tp: TPGroup) -> None:
+    """The attention calls must see this rank's share of the heads: a model whose code takes head counts from
+    its config rather than from the projections' widths would attend over the wrong heads."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    want = (heads // tp.size, kv_heads_per_rank(getattr(text, "num_key_value_heads", None) or heads, tp.size))
+    if (call.num_heads, call.num_kv_heads) != want:
+        raise refuse(
+            config,
+            f"under tensor parallelism its attention sees (heads, kv heads) = ({call.num_heads}, "
+            f"{call.num_kv_heads}), not this rank's {want}: its code does not follow the split projections",
+        )
 
 
 def probe(hf: Any) -> list[ProbeCall]:

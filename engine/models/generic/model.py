@@ -1,6 +1,9 @@
 """A transformers causal LM behind the native models' call shape: forward(input_ids, positions, kv_caches, meta)
 -> hidden [T, hidden], and compute_logits(hidden rows) -> [R, vocab] float32.
 
+Under tensor parallelism (`tp.size > 1`) both are collectives every rank calls: each rank's head gives its
+columns of the padded vocabulary, gathered onto rank 0 and trimmed to the real vocabulary; other ranks get None.
+
 The whole step runs as one sequence [1, T] with explicit positions and use_cache=False: the model's own modules do
 everything but attention, which its layers hand to `conveyor_attention` inside the step's attention scope.
 """
@@ -14,13 +17,18 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.distributed.group import TPGroup
 from engine.models.generic.attention import LayerAttention, PagedStep, attention_scope
 
 
 class TransformersCausalLM(nn.Module):
-    def __init__(self, hf_model: Any, layers: tuple[LayerAttention, ...]) -> None:
+    def __init__(self, hf_model: Any, layers: tuple[LayerAttention, ...], tp: TPGroup | None = None) -> None:
         super().__init__()
         self.hf = hf_model
+        self.tp = tp or TPGroup.single()
+        head = hf_model.get_output_embeddings()
+        # The width of compute_logits' rows: the real vocabulary (a sharded head knows it; a whole one has it).
+        self.vocab_size: int = getattr(head, "vocab_size", None) or head.weight.shape[0]
         self.decoder = hf_model.get_decoder()  # the base model: embeddings, layers, final norm
         self.layer_attention = layers
         # Set by the loader (or the runner), as on the native models.
@@ -40,8 +48,12 @@ class TransformersCausalLM(nn.Module):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out[0][0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, vocab] float32
-        return head_logits(self.hf, hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [R, hidden] -> [R, vocab] fp32
+        logits = head_logits(self.hf, hidden).float()  # [R, padded vocab / tp.size] under TP
+        if self.tp.size == 1:
+            return logits
+        full = self.tp.gather_columns(logits)  # [R, padded vocab] on rank 0, None elsewhere
+        return None if full is None else full[:, : self.vocab_size]
 
 
 def head_logits(hf_model: Any, hidden: torch.Tensor) -> torch.Tensor:

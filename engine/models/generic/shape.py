@@ -1,7 +1,8 @@
 """What `conveyor plan` needs from a config.json the generic path runs, read without weights.
 
 Parameters are counted on a model built on the meta device (no memory, no init), so every architecture counts
-exactly: mixtures of experts (all experts), fused or tied projections, biases, extra norms.
+exactly: mixtures of experts (all experts), fused or tied projections, biases, extra norms. Per tensor-parallel
+rank, the same meta model is split by the loader's own code (tp_shard.py), which also refuses what cannot split.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ class GenericShape:
     vocab_size: int
     max_position_embeddings: int
     num_params: int  # every expert counted: what the weights take in memory
+    num_params_per_rank: int  # what one of tensor_parallel_size ranks holds (num_params for one)
 
 
-def generic_shape(cfg: dict[str, Any]) -> GenericShape:
+def generic_shape(cfg: dict[str, Any], tensor_parallel_size: int = 1) -> GenericShape:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**cfg)
@@ -35,6 +37,13 @@ def generic_shape(cfg: dict[str, Any]) -> GenericShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     num_params = sum(p.numel() for p in model.parameters())  # a tied head is one parameter, counted once
+    per_rank = num_params
+    if tensor_parallel_size != 1:
+        from engine.distributed.group import TPGroup
+        from engine.models.generic.tp_shard import shard_modules
+
+        shard_modules(model, TPGroup(0, tensor_parallel_size))  # every rank holds as much as rank 0
+        per_rank = sum(p.numel() for p in model.parameters())
     text = config.get_text_config()
     heads = text.num_attention_heads
     hidden = text.hidden_size
@@ -50,4 +59,5 @@ def generic_shape(cfg: dict[str, Any]) -> GenericShape:
         vocab_size=text.vocab_size,
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
         num_params=num_params,
+        num_params_per_rank=per_rank,
     )
