@@ -218,11 +218,8 @@ def _load_generic(
 ) -> tuple[TransformersCausalLM, ModelSpec]:
     from engine.models.generic.load import load_transformers_model
 
-    if tp.size > 1:  # tp-generic adds `tp=` to load_transformers_model; the coordinator replaces this line
-        raise NotImplementedError("tensor parallelism on the generic (transformers) model path")
-
     torch_dtype = resolve_dtype(dtype, _dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
-    net, call = load_transformers_model(model_dir, torch_dtype, device)
+    net, call = load_transformers_model(model_dir, torch_dtype, device, tp=tp)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     text = net.hf.config.get_text_config()
     spec = ModelSpec(
@@ -231,9 +228,10 @@ def _load_generic(
         num_kv_heads=call.num_kv_heads,
         head_dim=call.head_dim,
         hidden_size=text.hidden_size,
-        vocab_size=net.hf.get_output_embeddings().weight.shape[0],
+        vocab_size=net.vocab_size,  # the whole vocabulary, not this rank's padded slice
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
         dtype=torch_dtype,
         eos_token_ids=read_eos_ids(model_dir, _ids(cfg.get("eos_token_id"))),
+        tp_size=tp.size,
     )
     return net, spec
