@@ -18,7 +18,7 @@ from engine.attention.backend import AttentionBackend, get_attention_backend
 from engine.device import resolve_device
 from engine.distributed.group import TPGroup
 from engine.distributed.layers import LoadsSlices, SliceSource, source_shape
-from engine.distributed.partition import check_model_splits
+from engine.distributed.partition import check_model_splits, even_span, kv_heads_per_rank
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import _dtype, _ids
 from engine.models.registry import is_native
@@ -192,11 +192,10 @@ def load_model(
     load_weights(net, model_dir)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
-    attn = net.layers[0].self_attn  # this rank's heads, as the model was built with them
     spec = ModelSpec(
         num_layers=args.num_layers,
-        num_heads=attn.num_heads,
-        num_kv_heads=attn.num_kv_heads,
+        num_heads=even_span(args.num_heads, tp.rank, tp.size).length,  # this rank's heads
+        num_kv_heads=kv_heads_per_rank(args.num_kv_heads, tp.size),
         head_dim=args.head_dim,
         hidden_size=args.hidden_size,
         vocab_size=args.vocab_size,

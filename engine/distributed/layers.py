@@ -166,9 +166,9 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"the checkpoint has a {name} this layer does not")
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Rank r holds rows vocab_span(vocab, r, size) of the (padded) table; rows past the real vocabulary
-    are zero. weight: [padded_vocab / size, hidden]."""
+class VocabRows(nn.Module):
+    """Rank r holds rows vocab_span(vocab, r, size) of a (padded) [vocab, hidden] table; rows past the real
+    vocabulary are zero. weight: [padded_vocab / size, hidden]. Shared by the embedding and the LM head."""
 
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup) -> None:
         super().__init__()
@@ -176,14 +176,6 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size, self.hidden = vocab_size, hidden
         self.span = vocab_span(vocab_size, tp.rank, tp.size)
         self.weight = nn.Parameter(torch.empty(self.span.length, hidden))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [T] int64 -> [T, hidden]
-        if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
-        local = ids - self.span.start
-        outside = (local < 0) | (local >= self.span.length)  # [T] bool: another rank's token
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
 
     def load_slice(self, name: str, source: SliceSource, shard: str | None) -> None:
         if name != "weight" or shard is not None:
@@ -194,7 +186,17 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.data[real:].zero_()
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class VocabParallelEmbedding(VocabRows):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: [T] int64 -> [T, hidden]
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.span.start
+        outside = (local < 0) | (local >= self.span.length)  # [T] bool: another rank's token
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
+
+
+class ParallelLMHead(VocabRows):
     """The LM head over the same row split as the embedding (so a tied head shares the embedding's shard).
 
     Logits are computed per rank on the local rows (`x @ weight.T`, [R, padded_vocab / size]; the model may
