@@ -1,4 +1,8 @@
-"""Load a HF checkpoint folder (or hub id) into our model code, plus a small frozen ModelSpec."""
+"""Load a HF checkpoint folder (or hub id) into our model code, plus a small frozen ModelSpec.
+
+Under tensor parallelism (`tp` with size > 1) each rank builds its part of the model and reads only its
+slices of each checkpoint tensor (`safe_open(...).get_slice`): no rank holds a whole sharded weight.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from safetensors import safe_open
 
 from engine.attention.backend import AttentionBackend, get_attention_backend
 from engine.device import resolve_device
+from engine.distributed.group import TPGroup
+from engine.distributed.layers import SliceSource, source_shape
+from engine.distributed.partition import check_model_splits, kv_heads_per_rank
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import _dtype, _ids
 from engine.models.registry import is_native
@@ -26,17 +33,23 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the rest of the engine needs to know about the model: sizes for the KV pool, ids for stopping."""
+    """What the rest of the engine needs to know about the model: sizes for the KV pool, ids for stopping.
+
+    Under tensor parallelism this is one rank's view: `num_heads` and `num_kv_heads` are the heads THIS rank
+    holds (num_attention_heads / tp_size, and its KV heads, replicated when there are fewer than tp_size),
+    which is what its KV pool is sized by. `vocab_size` stays the whole vocabulary: rank 0's logits are full.
+    """
 
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
+    num_heads: int  # this rank's query heads
+    num_kv_heads: int  # this rank's KV heads
     head_dim: int
     hidden_size: int
-    vocab_size: int
+    vocab_size: int  # the whole vocabulary (the width of rank 0's logits)
     max_position_embeddings: int
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
+    tp_size: int = 1
 
 
 def resolve_model_dir(model: str | Path) -> Path:
@@ -90,11 +103,10 @@ def _weight_files(model_dir: Path) -> list[Path]:
 
 
 def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
-    """Copy every checkpoint tensor into our parameters; fused q/k/v and gate/up are filled by row range."""
+    """Copy this rank's slice of every checkpoint tensor into our parameters; fused q/k/v and gate/up are
+    filled part by part. Each tensor is opened as a lazy slice and only the rank's rows/columns are read."""
     params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens.weight
     a = model.args
-    q, kv, inter = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.intermediate_size
-    offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "gate": (0, inter), "up": (inter, inter)}
     # Every (parameter, shard) we expect; filled ones are crossed off.
     missing = {(n, s) for n in params for s in _shards(n)}
     for file in _weight_files(model_dir):
@@ -108,22 +120,30 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
                     continue  # tied: the embedding is the head
                 if name not in params:
                     raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the {a.family} model")
-                target = params[name].data
-                if shard is not None:
-                    start, size = offsets[shard]
-                    target = target.narrow(0, start, size)
-                tensor = f.get_tensor(hf_name)
-                if tensor.shape != target.shape:
-                    raise ValueError(
-                        f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(target.shape)}"
-                    )
-                target.copy_(tensor)
+                module_name, _, attr = name.rpartition(".")
+                try:
+                    load_slice(model.get_submodule(module_name), attr, f.get_slice(hf_name), shard)
+                except ValueError as e:
+                    raise ValueError(f"{hf_name}: {e}") from e
                 missing.discard((name, shard))
     if missing:
         names = sorted(f"{n}[{s}]" if s else n for n, s in missing)
         raise KeyError(
             f"weights missing from {model_dir}: {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
         )
+
+
+def load_slice(module: torch.nn.Module, attr: str, source: SliceSource, shard: str | None) -> None:
+    """A sharded module reads its own slice; any other parameter (norms) is replicated: read whole."""
+    if hasattr(module, "load_slice"):
+        module.load_slice(attr, source, shard)
+        return
+    if shard is not None:
+        raise ValueError(f"{type(module).__name__} has no part {shard!r}")
+    target = getattr(module, attr).data
+    if source_shape(source) != tuple(target.shape):
+        raise ValueError(f"checkpoint shape {source_shape(source)} != expected {tuple(target.shape)}")
+    target.copy_(source[:])
 
 
 def _shards(param_name: str) -> tuple[str | None, ...]:
@@ -140,12 +160,16 @@ def load_model(
     device: str | torch.device = "cpu",
     attention_backend: AttentionBackend | None = None,
     model_impl: str = "auto",
+    tp: TPGroup | None = None,
 ) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelSpec]:
     """Build the model for a HF checkpoint and load its weights. Returns (model in eval mode, spec).
 
     `attention_backend`: the engine's, resolved once; None (tests, tools) -> the device's default.
     `model_impl`: "native" (our Llama-family code), "transformers" (the model's own transformers code on our
-    paged attention, engine/models/generic/), or "auto": native for the Llama family, transformers otherwise."""
+    paged attention, engine/models/generic/), or "auto": native for the Llama family, transformers otherwise.
+    `tp`: this process's rank in its tensor-parallel group (None: the whole model here). Every rank calls
+    load_model with its own group; the spec it gets back describes that rank's part (see ModelSpec)."""
+    tp = tp or TPGroup.single()
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
     device = resolve_device(device)
@@ -155,12 +179,13 @@ def load_model(
         raise FileNotFoundError(f"no config.json in {model_dir}")
     cfg = json.loads(config_path.read_text())
     if model_impl == "transformers" or (model_impl == "auto" and not is_native(cfg)):
-        return _load_generic(model_dir, cfg, dtype, device, attention_backend)
+        return _load_generic(model_dir, cfg, dtype, device, attention_backend, tp)
     args = ModelArgs.from_hf(cfg)
+    check_model_splits(args.num_heads, args.num_kv_heads, args.intermediate_size, tp.size)
     torch_dtype = resolve_dtype(dtype, args.torch_dtype, device)
     # Built on the meta device (no random init, no memory), then materialised empty and filled from disk.
     with torch.device("meta"):
-        net = build_model(args).to(torch_dtype)
+        net = build_model(args, tp).to(torch_dtype)
     net = net.to_empty(device=device)
     if args.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
@@ -169,14 +194,15 @@ def load_model(
     net.eval()
     spec = ModelSpec(
         num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
+        num_heads=args.num_heads // tp.size,
+        num_kv_heads=kv_heads_per_rank(args.num_kv_heads, tp.size),
         head_dim=args.head_dim,
         hidden_size=args.hidden_size,
         vocab_size=args.vocab_size,
         max_position_embeddings=args.max_position_embeddings,
         dtype=torch_dtype,
         eos_token_ids=read_eos_ids(model_dir, args.eos_token_ids),
+        tp_size=tp.size,
     )
     return net, spec
 
@@ -187,8 +213,12 @@ def _load_generic(
     dtype: str | torch.dtype,
     device: torch.device,
     attention_backend: AttentionBackend | None,
+    tp: TPGroup,
 ) -> tuple[TransformersCausalLM, ModelSpec]:
     from engine.models.generic.load import load_transformers_model
+
+    if tp.size > 1:  # tp-generic adds `tp=` to load_transformers_model; the coordinator replaces this line
+        raise NotImplementedError("tensor parallelism on the generic (transformers) model path")
 
     torch_dtype = resolve_dtype(dtype, _dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
     net, call = load_transformers_model(model_dir, torch_dtype, device)

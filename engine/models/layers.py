@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.distributed.group import TPGroup
+from engine.distributed.layers import RowParallelLinear, gate_up_linear
 from engine.models.config import ModelArgs, rope_inv_freq
 
 
@@ -46,13 +48,15 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul. Under tensor parallelism each
+    rank holds intermediate / size columns of gate and up and the matching rows of down (one all_reduce)."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, tp: TPGroup | None = None) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        tp = tp or TPGroup.single()
+        self.gate_up_proj = gate_up_linear(hidden, intermediate, tp)
+        self.intermediate = self.gate_up_proj.out_features // 2  # this rank's share
+        self.down_proj = RowParallelLinear(intermediate, hidden, False, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)

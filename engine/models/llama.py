@@ -3,15 +3,23 @@
 Differences between the family members are two switches on `ModelArgs`: `qkv_bias` (Qwen2) and
 `qk_norm` (Qwen3: RMSNorm over each head of q and k before rotary), plus per-layer sliding windows
 (`ModelArgs.layer_windows`: Mistral, Qwen2/3 with `use_sliding_window`) passed to the attention backend.
+
+Tensor parallelism (`tp`, engine/distributed/layers.py): each rank holds num_heads / size query heads and its
+KV heads (replicated when fewer than the ranks), intermediate / size MLP columns, and padded_vocab / size rows
+of the embedding and LM head. With `TPGroup.single()` (the default) it is the plain single-device model.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.distributed.group import TPGroup
+from engine.distributed.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, qkv_linear
+from engine.distributed.partition import kv_heads_per_rank
 from engine.models.config import ModelArgs
 from engine.models.layers import (
     LM_HEAD_SLICE,
@@ -27,16 +35,22 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, nu
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int = 0) -> None:
+    def __init__(self, args: ModelArgs, layer: int = 0, tp: TPGroup | None = None) -> None:
         super().__init__()
+        tp = tp or TPGroup.single()
         self.window = args.window(layer)  # sliding window of this layer, None = full causal
-        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_size = args.num_heads * args.head_dim
-        self.kv_size = args.num_kv_heads * args.head_dim
+        # This rank's heads: the KV pool and the attention backend see only these.
+        self.num_heads = args.num_heads // tp.size
+        self.num_kv_heads = kv_heads_per_rank(args.num_kv_heads, tp.size)
+        self.head_dim = args.head_dim
+        self.q_size = self.num_heads * args.head_dim
+        self.kv_size = self.num_kv_heads * args.head_dim
         self.scale = args.head_dim**-0.5
         # q, k, v fused into one matmul; the loader fills the three row ranges from q_proj/k_proj/v_proj.
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        self.qkv_proj = qkv_linear(
+            args.hidden_size, args.head_dim, args.num_heads, args.num_kv_heads, args.qkv_bias, tp
+        )
+        self.o_proj = RowParallelLinear(args.num_heads * args.head_dim, args.hidden_size, False, tp)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
@@ -62,12 +76,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int = 0) -> None:
+    def __init__(self, args: ModelArgs, layer: int = 0, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, layer)
+        self.self_attn = Attention(args, layer, tp)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, tp)
 
     def forward(self, h, cos_sin, kv, meta, backend) -> torch.Tensor:  # h: [T, hidden]
         h = h + self.self_attn(self.input_layernorm(h), cos_sin, kv, meta, backend)
@@ -77,17 +91,20 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Parameter names follow HF's minus the `model.` prefix, except the fused `qkv_proj`/`gate_up_proj`."""
 
-    def __init__(self, args: ModelArgs, backend: AttentionBackend | None = None) -> None:
+    def __init__(
+        self, args: ModelArgs, backend: AttentionBackend | None = None, tp: TPGroup | None = None
+    ) -> None:
         super().__init__()
         self.args = args
+        self.tp = tp or TPGroup.single()
         # Set by the loader (or the runner); kept out of forward's signature so all callers share it.
         self.attn_backend = backend
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, self.tp)
+        self.layers = nn.ModuleList(DecoderLayer(args, i, self.tp) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary = Rotary(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
+        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, self.tp)
+        if args.tie_word_embeddings:  # same row split, so each rank's head is its embedding shard
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
@@ -106,8 +123,15 @@ class LlamaForCausalLM(nn.Module):
             h = layer(h, cos_sin, kv, meta, backend)
         return self.norm(h)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, vocab] float32
-        # Only the rows that are sampled reach here (the runner picks them), so R is the batch, not T.
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[R, hidden] -> [R, vocab] float32 on rank 0, None on the other ranks.
+
+        A collective under tensor parallelism: every rank must call it with the same rows. Only the rows
+        that are sampled reach here (the runner picks them), so R is the batch, not T."""
+        weight = self.lm_head.weight  # [padded_vocab / size, hidden]: this rank's vocabulary rows
         if hidden.device.type == "cpu" and hidden.shape[0] >= LM_HEAD_SLICE_MIN_ROWS:
-            return sliced_linear(hidden, self.lm_head.weight, LM_HEAD_SLICE).float()
-        return self.lm_head(hidden).float()
+            local = sliced_linear(hidden, weight, LM_HEAD_SLICE)
+        else:
+            local = F.linear(hidden, weight)
+        logits = self.lm_head.gather(local)  # [R, vocab] on rank 0
+        return None if logits is None else logits.float()

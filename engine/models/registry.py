@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from engine.distributed.group import TPGroup
     from engine.models.config import ModelArgs
     from engine.models.llama import LlamaForCausalLM
 
@@ -69,13 +70,14 @@ _FUSED = {
 _SKIP = re.compile(r"rotary_emb\.inv_freq$")
 
 
-def build_model(args: ModelArgs) -> LlamaForCausalLM:
+def build_model(args: ModelArgs, tp: TPGroup | None = None) -> LlamaForCausalLM:
+    """This rank's part of the model (`tp` None: the whole model on one device)."""
     # Every supported family shares one implementation; the switches live in ModelArgs.
     from engine.models.llama import LlamaForCausalLM
 
     if args.family not in FAMILIES:
         raise UnsupportedModelError(f"unsupported family {args.family!r}; supported: {supported_names()}")
-    return LlamaForCausalLM(args)
+    return LlamaForCausalLM(args, tp=tp)
 
 
 def map_weight_name(hf_name: str) -> tuple[str, str | None] | None:
