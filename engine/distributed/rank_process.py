@@ -3,8 +3,8 @@
     join the group -> load this rank's model -> agree on the KV block count (MIN over ranks) -> allocate
     loop: receive a step from rank 0 -> ModelRunner.forward (the code rank 0 runs) ; STOP -> exit 0
 
-It never outlives rank 0: a thread exits the process when its parent is gone (a dead parent's sockets also
-fail the collective this rank is blocked in). SIGINT and SIGTERM are ignored: a Ctrl-C or a SIGTERM sent to
+It never outlives rank 0: between steps it waits on rank 0's header pipe (EOF when rank 0 is gone); inside
+a collective, the dead parent's sockets fail it, and a thread exits the process when its parent is gone. SIGINT and SIGTERM are ignored: a Ctrl-C or a SIGTERM sent to
 the whole process group is rank 0's to handle (it drains, then sends STOP).
 """
 
@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 import torch
 
@@ -36,6 +37,7 @@ class RankArgs:
     address: str  # "host:port" of rank 0's rendezvous
     device: str  # rank 0's device; this rank uses rank_device(device, rank)
     parent_pid: int
+    headers: Connection  # read end of rank 0's header pipe to this rank
 
 
 def rank_main(args: RankArgs) -> None:
@@ -62,7 +64,7 @@ def rank_main(args: RankArgs) -> None:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len or spec.max_position_embeddings,
         )
-        while (inputs := receive(group, device)) is not None:
+        while (inputs := receive(group, device, args.headers)) is not None:
             runner.forward(inputs)
     finally:
         stop_group()

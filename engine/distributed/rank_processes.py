@@ -21,6 +21,8 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import structlog
@@ -57,17 +59,16 @@ class RankProcesses:
         self._closed = False
         ctx = mp.get_context("spawn")
         address = f"127.0.0.1:{free_port()}"
-        self.procs = [
-            ctx.Process(
-                target=rank_main,
-                args=(RankArgs(config, rank, address, str(device), os.getpid()),),
-                name=f"conveyor-tp-rank-{rank}",
-                daemon=True,
-            )
-            for rank in range(1, self.size)
-        ]
-        for p in self.procs:
+        self.procs: list[BaseProcess] = []
+        self.pipes: list[Connection] = []  # write ends of the header pipes, one per rank 1..N-1
+        for rank in range(1, self.size):
+            reader, writer = ctx.Pipe(duplex=False)
+            args = RankArgs(config, rank, address, str(device), os.getpid(), reader)
+            p = ctx.Process(target=rank_main, args=(args,), name=f"conveyor-tp-rank-{rank}", daemon=True)
             p.start()
+            reader.close()  # the rank's copy is its own; ours would keep its EOF from coming
+            self.procs.append(p)
+            self.pipes.append(writer)
         atexit.register(self.close)
         self.watchdog = StepWatchdog(self.timeout_s + WATCHDOG_MARGIN_S)
         self.group = TPGroup.single()
@@ -110,7 +111,7 @@ class RankProcesses:
             raise TensorParallelError(self.failure)
 
     def send(self, inputs: StepInputs) -> None:
-        send(self.group, self.device, inputs)
+        send(self.group, self.device, self.pipes, inputs)
 
     def close(self) -> None:
         """Stop every rank: STOP when the group is healthy, then join; kill any left after JOIN_TIMEOUT_S."""
@@ -121,7 +122,7 @@ class RankProcesses:
         self.watchdog.stop()
         if self.failure is None and self.group.size > 1 and not self._dead():
             try:
-                send(self.group, self.device, None)
+                send(self.group, self.device, self.pipes, None)
             except Exception as exc:  # a rank lost while closing: it is killed below
                 log.warning("could not send STOP to the tensor-parallel ranks", error=str(exc))
         for p in self.procs:
@@ -129,6 +130,8 @@ class RankProcesses:
             if p.is_alive():
                 p.kill()
                 p.join()
+        for pipe in self.pipes:
+            pipe.close()
         stop_group()
 
     def _dead(self) -> str | None:

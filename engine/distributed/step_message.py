@@ -1,7 +1,9 @@
-"""One step, as rank 0 sends it to the other ranks: a fixed header and one int64 payload, two broadcasts.
+"""One step, as rank 0 sends it to the other ranks: a fixed-size header, then one int64 payload.
 
 The other ranks run the same forward as rank 0, so they need exactly the runner's prepared tensors and the
-block copies, nothing per request (no pickle, no Python objects):
+block copies, nothing per request (no pickle, no Python objects). The header (80 bytes) goes down a pipe
+to each rank, the payload by one broadcast (NCCL on GPUs). A rank waits for the next step in the pipe, not
+in a collective: an idle engine must not trip the group timeout, and a pipe reads EOF when rank 0 dies.
 
     header  [HEADER_LEN] int64: version, op, T, S, W, B, C, max_query_len, max_seq_len, is_decode_only
     payload [3T + (S + 1) + S + S*W + B + 2C] int64:
@@ -14,8 +16,11 @@ blocks. The header of a STOP has every size 0 and no payload follows.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from multiprocessing.connection import Connection
 
 import torch
 
@@ -24,6 +29,7 @@ from engine.distributed.group import TPGroup
 
 VERSION = 1
 HEADER_LEN = 10
+_HEADER = struct.Struct(f"<{HEADER_LEN}q")
 
 
 class Op(IntEnum):
@@ -47,13 +53,13 @@ class StepInputs:
         return int(self.input_ids.shape[0])
 
 
-def pack(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """(header [HEADER_LEN], payload [n]) int64 on the CPU."""
+def pack(inputs: StepInputs) -> tuple[list[int], torch.Tensor]:
+    """(header: HEADER_LEN ints, payload [n] int64 on the CPU)."""
     meta = inputs.meta
     copies = torch.tensor(inputs.block_copies, dtype=torch.int64).reshape(-1)  # [2C]
     if meta is None:
-        header = [VERSION, Op.STEP, 0, 0, 0, 0, len(inputs.block_copies), 0, 0, 0]
-        return torch.tensor(header, dtype=torch.int64), copies
+        header = [VERSION, int(Op.STEP), 0, 0, 0, 0, len(inputs.block_copies), 0, 0, 0]
+        return header, copies
     num_seqs, width = meta.block_tables.shape
     header = [
         VERSION,
@@ -77,11 +83,10 @@ def pack(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         inputs.sample_rows,
     ]
     payload = torch.cat([p.to("cpu", torch.int64) for p in parts] + [copies])
-    return torch.tensor(header, dtype=torch.int64), payload
+    return [int(h) for h in header], payload
 
 
-def stop_header() -> torch.Tensor:
-    return torch.tensor([VERSION, Op.STOP] + [0] * (HEADER_LEN - 2), dtype=torch.int64)
+STOP_HEADER = [VERSION, int(Op.STOP)] + [0] * (HEADER_LEN - 2)
 
 
 def payload_len(header: list[int]) -> int:
@@ -118,21 +123,21 @@ def unpack(header: list[int], payload: torch.Tensor) -> StepInputs:
     return StepInputs(input_ids, positions, meta, sample_rows, copies)
 
 
-def send(group: TPGroup, device: torch.device, inputs: StepInputs | None) -> None:
-    """Rank 0: broadcast a step (None: STOP) to the other ranks."""
-    if inputs is None:
-        group.broadcast(stop_header().to(device))
-        return
-    header, payload = pack(inputs)
-    group.broadcast(header.to(device))
-    if payload.numel():
+def send(
+    group: TPGroup, device: torch.device, pipes: Sequence[Connection], inputs: StepInputs | None
+) -> None:
+    """Rank 0: the step (None: STOP) to every other rank, one header pipe per rank."""
+    header, payload = (STOP_HEADER, None) if inputs is None else pack(inputs)
+    data = _HEADER.pack(*header)
+    for pipe in pipes:
+        pipe.send_bytes(data)
+    if payload is not None and payload.numel():
         group.broadcast(payload.to(device))
 
 
-def receive(group: TPGroup, device: torch.device) -> StepInputs | None:
-    """Ranks > 0: the next step from rank 0, or None for STOP."""
-    header_t = group.broadcast(torch.empty(HEADER_LEN, dtype=torch.int64, device=device))
-    header = header_t.tolist()
+def receive(group: TPGroup, device: torch.device, pipe: Connection) -> StepInputs | None:
+    """Ranks > 0: wait for the next step from rank 0; None for STOP. Raises EOFError when rank 0 is gone."""
+    header = list(_HEADER.unpack(pipe.recv_bytes()))
     if header[1] == Op.STOP:
         return None
     payload = torch.empty(payload_len(header), dtype=torch.int64, device=device)
