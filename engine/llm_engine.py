@@ -223,6 +223,10 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
+        """Raises TensorParallelError once a rank is lost: a worker asks this every pass, idle or not, so
+        it ends (and its leases lapse) without waiting for a job to step."""
+        if self.ranks is not None:
+            self.ranks.check()
         return bool(self._pending) or self.scheduler.has_unfinished_requests()
 
     # ------------------------------------------------------------------ stepping

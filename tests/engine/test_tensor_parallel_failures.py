@@ -122,3 +122,16 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_an_idle_engine_reports_a_lost_rank_when_asked_for_work(tiny_model_dir):
+    engine = _engine(tiny_model_dir)
+    try:
+        assert engine.ranks is not None and not engine.has_unfinished_requests()
+        (pid,) = engine.ranks.pids
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: engine.ranks.procs[0].exitcode is not None, 30, "the killed rank's exit code")
+        with pytest.raises(TensorParallelError, match="rank 1 exited with code -9"):
+            engine.has_unfinished_requests()
+    finally:
+        engine.close()
