@@ -59,7 +59,9 @@ class LLMEngine:
             raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
         # Tensor parallelism: ranks 1..N-1 start loading while this process loads rank 0's shard.
-        rank_device(self.device, config.tensor_parallel_size - 1)  # refuses more ranks than GPUs
+        if config.tensor_parallel_size > 1:
+            rank_device(self.device, config.tensor_parallel_size - 1)  # refuses more ranks than GPUs
+            self.device = rank_device(self.device, 0)  # "cuda" -> "cuda:0": rank r is on cuda:r
         self.ranks = RankProcesses(config, self.device) if config.tensor_parallel_size > 1 else None
         try:
             self._start(config)
