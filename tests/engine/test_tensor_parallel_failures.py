@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -90,25 +92,27 @@ def test_close_stops_every_rank_and_is_idempotent(tiny_model_dir):
         engine.generate([[1, 2, 3]], GREEDY)
 
 
-def test_a_rank_exits_when_rank_0_dies(tiny_model_dir, tmp_path):
-    """Rank 0 killed outright (no close, no atexit): its rank notices and exits on its own."""
-    import subprocess
-    import sys
-
+@pytest.mark.parametrize("ending", ["kill -9", "exit without close"])
+def test_no_rank_outlives_rank_0(tiny_model_dir, tmp_path, ending):
+    """Rank 0 killed outright (no close, no atexit): its rank notices and exits on its own. Rank 0 ending
+    without close(): the atexit hook stops the rank before the interpreter is gone."""
+    last = "    os.kill(os.getpid(), 9)\n" if ending == "kill -9" else "    sys.exit(3)\n"
     script = tmp_path / "rank0.py"
     script.write_text(
         "import os, sys\n"
         "from engine import LLMEngine\n"
         "if __name__ == '__main__':\n"
         f"    e = LLMEngine({str(tiny_model_dir('llama'))!r}, tensor_parallel_size=2, num_kv_blocks=8)\n"
-        "    print(e.ranks.pids[0], flush=True)\n"
-        "    os.kill(os.getpid(), 9)\n"
+        "    print(e.ranks.pids[0], flush=True)\n" + last
     )
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
-    assert out.returncode == -9, out.stderr[-2000:]
+    assert out.returncode == (-9 if ending == "kill -9" else 3), out.stderr[-2000:]
     rank_pid = int(out.stdout.split()[0])
-    wait_until(lambda: not _alive(rank_pid), 30, "the orphaned rank to exit")
+    if ending == "kill -9":
+        wait_until(lambda: not _alive(rank_pid), 30, "the orphaned rank to exit")
+    else:
+        assert not _alive(rank_pid)  # already joined by rank 0's atexit
 
 
 def _alive(pid: int) -> bool:
