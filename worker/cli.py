@@ -155,8 +155,7 @@ def worker(**kw: Any) -> None:
     except TensorParallelError as exc:
         # Exit non-zero (the engine logged the failure): leases lapse, other workers take the jobs over.
         raise click.ClickException(f"engine failed: {exc}") from exc
-    finally:
-        engine.close()
+    # Tensor-parallel ranks are stopped by the engine's atexit hook, on every way out of here.
 
 
 @main.command()
