@@ -66,6 +66,8 @@ def rank_main(args: RankArgs) -> None:
         )
         while (inputs := receive(group, device, args.headers)) is not None:
             runner.forward(inputs)
+    except EOFError:  # rank 0 is gone without a STOP: nothing left to serve
+        os._exit(1)
     finally:
         stop_group()
 

@@ -39,3 +39,19 @@ def test_a_killed_rank_ends_the_worker_with_an_error(tiny_model, redis_server, r
         assert terminal(read_events(client, "tp-long")) is None  # unfinished: left for another worker
     finally:
         workers.stop_all()
+
+
+def test_sigterm_to_the_process_group_drains_and_stops_the_ranks(tiny_model, redis_server, r, tmp_path):
+    """SIGTERM to the worker and its rank (as a process-group signal would): the rank ignores it, the
+    worker drains, exits 0 and its exit stops the rank."""
+    workers = Workers(tiny_model, tmp_path)
+    try:
+        w = workers.spawn(redis_server.url, "tp-term", "--tensor-parallel-size", "2")
+        w.wait_started(timeout_s=120)
+        (rank,) = _rank_pids(w.process.pid)
+        os.kill(rank, signal.SIGTERM)
+        os.kill(w.process.pid, signal.SIGTERM)
+        assert w.process.wait(timeout=120) == 0, w.log.read_text()[-3000:]
+        assert not Path(f"/proc/{rank}").exists()  # joined (reaped) by the worker before it exited
+    finally:
+        workers.stop_all()
