@@ -97,6 +97,9 @@ class RankProcesses:
             self.failure = self._diagnose(exc)
             log.error("tensor parallelism failed", error=self.failure)
             raise TensorParallelError(self.failure) from exc
+        except BaseException:  # KeyboardInterrupt, SystemExit: the ranks are left mid-step
+            self.failure = "interrupted inside a tensor-parallel step"
+            raise
 
     def check(self) -> None:
         """Raise TensorParallelError if the group already failed or a rank has exited."""

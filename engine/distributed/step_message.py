@@ -54,9 +54,10 @@ class StepInputs:
 
 
 def pack(inputs: StepInputs) -> tuple[list[int], torch.Tensor]:
-    """(header: HEADER_LEN ints, payload [n] int64 on the CPU)."""
+    """(header: HEADER_LEN host ints, payload [n] int64 on the inputs' device: no copy through the host)."""
     meta = inputs.meta
-    copies = torch.tensor(inputs.block_copies, dtype=torch.int64).reshape(-1)  # [2C]
+    device = inputs.input_ids.device
+    copies = torch.tensor(inputs.block_copies, dtype=torch.int64, device=device).reshape(-1)  # [2C]
     if meta is None:
         header = [VERSION, int(Op.STEP), 0, 0, 0, 0, len(inputs.block_copies), 0, 0, 0]
         return header, copies
@@ -82,7 +83,7 @@ def pack(inputs: StepInputs) -> tuple[list[int], torch.Tensor]:
         meta.block_tables.reshape(-1),
         inputs.sample_rows,
     ]
-    payload = torch.cat([p.to("cpu", torch.int64) for p in parts] + [copies])
+    payload = torch.cat([p.to(torch.int64) for p in parts] + [copies])
     return [int(h) for h in header], payload
 
 
