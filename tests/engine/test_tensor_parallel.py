@@ -59,6 +59,9 @@ def test_two_ranks_generate_what_one_process_does(tiny_model_dir, name):
     expected = _run(LLMEngine(model, attention_backend="torch", **COMMON), waves)
     tp = LLMEngine(model, attention_backend="torch", tensor_parallel_size=2, **COMMON)
     try:
+        # Rank 0's KV pool holds only its own KV heads (one of the model's, or the one replicated).
+        kv_heads = overrides.get("num_kv_heads", 2)
+        assert tp.runner.kv_pool.shape[4] == tp.spec.num_kv_heads == max(1, kv_heads // 2)
         got = _run(tp, waves)
         stats = tp.stats()
     finally:

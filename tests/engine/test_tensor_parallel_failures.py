@@ -5,6 +5,7 @@ Bounded time is the test's own limit: a hang would show as the pytest timeout of
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -79,6 +80,14 @@ def test_a_stopped_rank_fails_the_step_after_the_timeout(tiny_model_dir):
     finally:
         engine.close()  # kills the stopped rank
     assert engine.ranks.procs[0].exitcode == -signal.SIGKILL
+
+
+def test_a_failed_start_leaves_no_rank_behind(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # ranks spawn, then every rank fails to load this
+    with pytest.raises(Exception) as failure:
+        LLMEngine(str(tmp_path), tensor_parallel_size=2, distributed_timeout_s=60)
+    assert not isinstance(failure.value, TensorParallelError)  # rank 0's own error, not a symptom
+    assert mp.active_children() == []
 
 
 def test_close_stops_every_rank_and_is_idempotent(tiny_model_dir):
