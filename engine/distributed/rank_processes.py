@@ -18,6 +18,7 @@ import atexit
 import multiprocessing as mp
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ WATCHDOG_MARGIN_S = 30.0
 # How long a failed step waits for a dying rank's exit code, to name it in the error.
 DIAGNOSE_WAIT_S = 2.0
 JOIN_TIMEOUT_S = 10.0
+JOIN_POLL_S = 0.1
 
 
 def free_port() -> int:
@@ -74,10 +76,34 @@ class RankProcesses:
         self.group = TPGroup.single()
         try:
             with self.step():
-                self.group = start_group(0, self.size, address, device, self.timeout_s)
+                self.group = self._join(address)
         except BaseException:
             self.close()
             raise
+
+    def _join(self, address: str) -> TPGroup:
+        """Join the group as rank 0. The join blocks until every rank has joined (or the timeout), so it
+        runs on a thread while this one watches the ranks: one that dies first (a bad device, an import
+        error) fails the start at once instead of after the whole timeout."""
+        joined: list[TPGroup | BaseException] = []
+
+        def join() -> None:
+            try:
+                joined.append(start_group(0, self.size, address, self.device, self.timeout_s))
+            except BaseException as exc:
+                joined.append(exc)
+
+        thread = threading.Thread(target=join, name="conveyor-tp-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(JOIN_POLL_S)
+            if not joined and (dead := self._dead()):
+                # The join thread is left to its timeout: a dead rank means it can never complete.
+                raise TensorParallelError(f"{dead} before joining the group")
+        result = joined[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     @property
     def pids(self) -> list[int]:

@@ -148,3 +148,21 @@ def test_an_idle_engine_reports_a_lost_rank_when_asked_for_work(tiny_model_dir):
             engine.has_unfinished_requests()
     finally:
         engine.close()
+
+
+@pytest.mark.timeout(240)  # far below the group timeout: a start that waited for it fails here
+def test_a_rank_lost_before_joining_fails_the_start_at_once(tiny_model_dir, monkeypatch):
+    from engine.distributed import rank_processes
+
+    real_start_group = rank_processes.start_group
+
+    def kill_ranks_then_join(*args, **kw):
+        for child in mp.active_children():
+            if child.name.startswith("conveyor-tp-rank"):
+                os.kill(child.pid, signal.SIGKILL)
+        return real_start_group(*args, **kw)
+
+    monkeypatch.setattr(rank_processes, "start_group", kill_ranks_then_join)
+    with pytest.raises(TensorParallelError, match="rank 1 exited with code -9 before joining"):
+        _engine(tiny_model_dir, distributed_timeout_s=600)
+    assert [c for c in mp.active_children() if c.name.startswith("conveyor-tp-rank")] == []
