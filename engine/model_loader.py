@@ -17,8 +17,8 @@ from safetensors import safe_open
 from engine.attention.backend import AttentionBackend, get_attention_backend
 from engine.device import resolve_device
 from engine.distributed.group import TPGroup
-from engine.distributed.layers import SliceSource, source_shape
-from engine.distributed.partition import check_model_splits, kv_heads_per_rank
+from engine.distributed.layers import LoadsSlices, SliceSource, source_shape
+from engine.distributed.partition import check_model_splits
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import _dtype, _ids
 from engine.models.registry import is_native
@@ -135,7 +135,7 @@ def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
 
 def load_slice(module: torch.nn.Module, attr: str, source: SliceSource, shard: str | None) -> None:
     """A sharded module reads its own slice; any other parameter (norms) is replicated: read whole."""
-    if hasattr(module, "load_slice"):
+    if isinstance(module, LoadsSlices):
         module.load_slice(attr, source, shard)
         return
     if shard is not None:
@@ -192,10 +192,11 @@ def load_model(
     load_weights(net, model_dir)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
+    attn = net.layers[0].self_attn  # this rank's heads, as the model was built with them
     spec = ModelSpec(
         num_layers=args.num_layers,
-        num_heads=args.num_heads // tp.size,
-        num_kv_heads=kv_heads_per_rank(args.num_kv_heads, tp.size),
+        num_heads=attn.num_heads,
+        num_kv_heads=attn.num_kv_heads,
         head_dim=args.head_dim,
         hidden_size=args.hidden_size,
         vocab_size=args.vocab_size,

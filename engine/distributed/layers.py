@@ -19,7 +19,7 @@ With one rank every layer computes exactly what nn.Linear / nn.Embedding compute
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,13 @@ class SliceSource(Protocol):
     """A checkpoint tensor read lazily: safetensors' PySafeSlice, or a torch.Tensor."""
 
     def __getitem__(self, index: object) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class LoadsSlices(Protocol):
+    """A module whose parameters are slices of checkpoint tensors, which it reads itself."""
+
+    def load_slice(self, name: str, source: SliceSource, shard: str | None) -> None: ...
 
 
 def source_shape(source: SliceSource) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.distributed.group import TPGroup
 from engine.distributed.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, qkv_linear
-from engine.distributed.partition import kv_heads_per_rank
+from engine.distributed.partition import even_span, kv_heads_per_rank
 from engine.models.config import ModelArgs
 from engine.models.layers import (
     LM_HEAD_SLICE,
@@ -40,7 +40,7 @@ class Attention(nn.Module):
         tp = tp or TPGroup.single()
         self.window = args.window(layer)  # sliding window of this layer, None = full causal
         # This rank's heads: the KV pool and the attention backend see only these.
-        self.num_heads = args.num_heads // tp.size
+        self.num_heads = even_span(args.num_heads, tp.rank, tp.size, "num_attention_heads").length
         self.num_kv_heads = kv_heads_per_rank(args.num_kv_heads, tp.size)
         self.head_dim = args.head_dim
         self.q_size = self.num_heads * args.head_dim

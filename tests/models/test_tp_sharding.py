@@ -20,7 +20,7 @@ from engine.model_loader import load_model
 from tests.helpers.model_helpers import metadata
 from tests.helpers.tp_values import values_on_ranks
 
-BLOCK = 4
+BLOCK = 4  # the torch backend's; the Triton kernels need >= 16
 # name -> make_tiny_model overrides. qwen3: head_dim 32 with hidden 64 / 4 heads (q width != hidden).
 # gqa: one KV head for two ranks (replicated), an odd vocabulary (padded to 510) and a tied head.
 MODELS = {
@@ -80,15 +80,14 @@ class ReadLog:
         return Handle()
 
 
-def _forward_steps(model, spec) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
-    """Run STEPS through the torch backend on a paged pool; per step (logits of each sequence's last row,
-    the hidden states)."""
-    kv = layer_views(allocate_kv_pool(spec, 8, BLOCK, "cpu"))
+def _forward_steps(model, spec, block: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """Run STEPS on a paged pool; per step (logits of each sequence's last row, the hidden states)."""
+    kv = layer_views(allocate_kv_pool(spec, 8, block, "cpu"))
     logits, hiddens = [], []
     for step in STEPS:
         ids = [t for rid, start, n, _ in step for t in PROMPTS[rid][start : start + n]]
         pos = [p for _, start, n, _ in step for p in range(start, start + n)]
-        meta = metadata([(start, n, blocks) for _, start, n, blocks in step], BLOCK)
+        meta = metadata([(start, n, blocks) for _, start, n, blocks in step], block)
         with torch.inference_mode():
             hidden = model(torch.tensor(ids), torch.tensor(pos), kv, meta)
             last = meta.query_start_loc[1:].long() - 1
@@ -112,14 +111,14 @@ def _param_bytes(model) -> dict[str, int]:
     return out
 
 
-def _on_rank(group: TPGroup, model_dir: Path):
+def _on_rank(group: TPGroup, model_dir: Path, backend: str = "torch", block: int = BLOCK):
     log = ReadLog()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model_loader, "safe_open", log.open)
         model, spec = load_model(
-            model_dir, tp=group, attention_backend=get_attention_backend("torch", torch.device("cpu"))
+            model_dir, tp=group, attention_backend=get_attention_backend(backend, torch.device("cpu"))
         )
-    logits, hiddens = _forward_steps(model, spec)
+    logits, hiddens = _forward_steps(model, spec, block)
     kept = {n: p.numel() for n, p in model.named_parameters()}
     return {"spec": spec, "logits": logits, "hidden": hiddens, "bytes": _param_bytes(model)} | {
         "reads": log.reads,
@@ -202,6 +201,16 @@ def test_a_rank_reads_only_its_slices(runs, name):
     for r, got in zip(ranks, read, strict=True):
         # What a rank reads is what it keeps (less the padding rows of the vocabulary it zero-fills).
         assert sum(got.values()) <= sum(r["kept"].values())
+
+
+def test_triton_backend_on_two_ranks_sees_each_ranks_heads(runs, tiny_model_dir):
+    # The Triton kernels (interpreted on the CPU) over the rank's 2 query heads and its replicated KV head.
+    arch, overrides = MODELS["gqa"]
+    r0, r1 = values_on_ranks(2, _on_rank, tiny_model_dir(arch, **overrides), "triton", 16)
+    single, _ = runs["gqa"]
+    for got, want in zip(r0["logits"], single["logits"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # kernel vs torch attention: fp32 noise
+    assert r1["logits"] == [None, None]
 
 
 def _copy_with(src: Path, dst: Path, **config) -> Path:
