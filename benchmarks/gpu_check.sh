@@ -137,7 +137,7 @@ if ((GPUS < 2)); then
 elif [[ "$TP" != "engine has tensor_parallel_size" ]]; then
     skip gpu_e2e_tp2 "$TP"
 else
-    step gpu_e2e_tp2 90 gpu_e2e_tp2.json "$PY" benchmarks/gpu_e2e.py --backends triton \
+    step gpu_e2e_tp2 90 gpu_e2e_tp2.json "$PY" benchmarks/gpu_e2e.py --backends triton --shapes qwen2.5-0.5b \
         --tensor-parallel-size 2 --out "$OUT/gpu_e2e_tp2.json"
 fi
 

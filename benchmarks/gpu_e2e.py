@@ -61,12 +61,16 @@ def run(model_dir: Path, jobs, backend: str, a: argparse.Namespace) -> dict:
         engine.add_request(f"r{i}", job.prompt_token_ids, params)
     tokens: dict[str, list[int]] = {}
     start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        for d in engine.step():
-            tokens.setdefault(f"{d.request_id}/{d.sample_index}", []).extend(d.new_token_ids)
-    if a.device == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
+    try:
+        while engine.has_unfinished_requests():
+            for d in engine.step():
+                tokens.setdefault(f"{d.request_id}/{d.sample_index}", []).extend(d.new_token_ids)
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    finally:
+        if hasattr(engine, "close"):  # tensor parallelism: stop the ranks before the next engine starts
+            engine.close()
     produced = sum(len(t) for t in tokens.values())
     return {
         "output_tokens": produced,

@@ -77,6 +77,16 @@ class EngineConfig:
         "capture decode steps as CUDA graphs, one per batch-size bucket, and replay them (CUDA with the "
         "Triton backend only; refused elsewhere rather than silently run without)",
     )
+    tensor_parallel_size: int = knob(
+        1,
+        "split the model over this many processes of one machine (one GPU each on CUDA, gloo on the CPU): "
+        "attention heads, MLP columns/rows and the vocabulary are divided among them",
+    )
+    distributed_timeout_s: float = knob(
+        120.0,
+        "tensor parallelism: a rank that does not answer a collective within this many seconds (or that "
+        "dies) ends the engine with an error",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -90,7 +100,13 @@ class EngineConfig:
             "max_model_len",
             "max_prompt_tokens",
             "num_kv_blocks",
+            "tensor_parallel_size",
         )
+        if self.distributed_timeout_s <= 0:
+            raise ValueError(f"distributed_timeout_s must be > 0, got {self.distributed_timeout_s}")
+        if self.tensor_parallel_size > 1 and self.enable_cuda_graphs:
+            # Graph capture would have to record the collectives of every rank in step; not done yet.
+            raise ValueError("enable_cuda_graphs is not supported with tensor_parallel_size > 1 yet")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory}")
         if not isinstance(self.enable_cuda_graphs, bool):

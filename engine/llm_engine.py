@@ -20,9 +20,16 @@ from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import Decoder, TextStream
 from engine.device import resolve_device
+from engine.distributed.group import TPGroup
+from engine.distributed.rank_model import (
+    agree_num_blocks,
+    load_rank_model,
+    rank_device,
+    rank_num_blocks,
+)
+from engine.distributed.rank_processes import RankProcesses
 from engine.errors import RejectReason, RequestRejected
-from engine.kv_cache import allocate_kv_pool, num_blocks_for_budget
-from engine.model_loader import load_model
+from engine.kv_cache import allocate_kv_pool
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
@@ -51,13 +58,20 @@ class LLMEngine:
         if config.enable_cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
-        self.model, self.spec = load_model(
-            config.model,
-            dtype=config.dtype,
-            device=self.device,
-            attention_backend=self.attention_backend,
-            model_impl=config.model_impl,
-        )
+        # Tensor parallelism: ranks 1..N-1 start loading while this process loads rank 0's shard.
+        if config.tensor_parallel_size > 1:
+            rank_device(self.device, config.tensor_parallel_size - 1)  # refuses more ranks than GPUs
+            self.device = rank_device(self.device, 0)  # "cuda" -> "cuda:0": rank r is on cuda:r
+        self.ranks = RankProcesses(config, self.device) if config.tensor_parallel_size > 1 else None
+        try:
+            self._start(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, config: EngineConfig) -> None:
+        group = self.ranks.group if self.ranks is not None else TPGroup.single()
+        self.model, self.spec = load_rank_model(config, self.device, self.attention_backend, group)
         self.tokenizer = load_tokenizer(config.model)
         # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.
         self._decoder = cast(Decoder, self.tokenizer)
@@ -65,9 +79,10 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len()
         # Longest prompt accepted: the option, and always room for one generated token.
         self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
-        self.num_kv_blocks = config.num_kv_blocks or num_blocks_for_budget(
-            self.spec, config.block_size, self.device, config.kv_cache_memory
-        )
+        self.num_kv_blocks = rank_num_blocks(config, self.spec, self.device)
+        if self.ranks is not None:
+            with self.ranks.step():  # every rank's pool gets the smallest count that fits on all
+                self.num_kv_blocks = agree_num_blocks(group, self.num_kv_blocks, self.device)
         self.eos_token_ids = eos_token_ids(self.tokenizer, self.spec.eos_token_ids)
         kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
         # Constrained decoding: masks as wide as the LM head (spec.vocab_size), not the tokenizer.
@@ -86,6 +101,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             enable_cuda_graphs=config.enable_cuda_graphs,
+            ranks=self.ranks,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -209,6 +225,10 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
+        """Raises TensorParallelError once a rank is lost: a worker asks this every pass, idle or not, so
+        it ends (and its leases lapse) without waiting for a job to step."""
+        if self.ranks is not None:
+            self.ranks.check()
         return bool(self._pending) or self.scheduler.has_unfinished_requests()
 
     # ------------------------------------------------------------------ stepping
@@ -377,6 +397,11 @@ class LLMEngine:
             "device": str(self.device),
             "eos_token_ids": sorted(self.eos_token_ids),
         }
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks (if any). Idempotent; also run at interpreter exit."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     # ------------------------------------------------------------------ helpers
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,12 +20,16 @@ from engine.attention.metadata import AttentionMetadata
 from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.cuda_graphs import CudaGraphs, batch_buckets, bucket_for
+from engine.distributed.step_message import StepInputs
 from engine.input_batch import InputBatch
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import Sampler, TokenSampler
+
+if TYPE_CHECKING:  # rank_processes spawns rank_process, which imports this module
+    from engine.distributed.rank_processes import RankProcesses
 
 
 class ModelRunner:
@@ -42,12 +47,17 @@ class ModelRunner:
         max_num_batched_tokens: int = 2048,
         max_model_len: int = 4096,
         enable_cuda_graphs: bool = False,
+        ranks: RankProcesses | None = None,
     ) -> None:
         """kv_pool: the pool tensor from `engine.kv_cache.allocate_kv_pool`, or a block count to allocate.
         backend: replaces the model's attention backend when given. sampler: None -> engine.sampler.Sampler.
         The max_* sizes preallocate the step buffers (they grow if exceeded, unless graphs are captured).
-        enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only)."""
+        enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only).
+        ranks: on rank 0 of a tensor-parallel group, the other ranks, sent every step before it runs here."""
+        if ranks is not None and enable_cuda_graphs:
+            raise ValueError("CUDA graphs are not supported with tensor parallelism yet")
         self.model, self.spec, self.block_size = model, spec, block_size
+        self.ranks = ranks
         self.device = torch.device(device)
         if backend is not None:
             model.attn_backend = backend
@@ -80,36 +90,56 @@ class ModelRunner:
     def execute(self, sched_out: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
         t0 = time.perf_counter()
         if sched_out.is_empty:
-            self._copy_blocks(sched_out.block_copies)
+            empty = self.batch.buffers.input_ids[:0]
+            self._run(StepInputs(empty, empty, None, empty, sched_out.block_copies))
             return RunnerOutput(sampled_token_ids={})
         input_ids, positions, meta, sample_rows, sample_ids = self.prepare(
             sched_out.sequences, requests, sched_out.preempted_ids
         )
         t1 = time.perf_counter()
-        with torch.inference_mode():
-            if self.graphs is not None and self.graphs.can_replay(meta, input_ids):
-                hidden = self.graphs.replay(input_ids.shape[0])  # [T_bucket, hidden]
-            else:
-                hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [T, hidden]
-            logits = self.model.compute_logits(hidden[sample_rows]) if sample_ids else None  # [B, V] fp32
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            t2 = time.perf_counter()
-            # After the forward: a fork's copy of its parent's last block must include this step's KV.
-            self._copy_blocks(sched_out.block_copies)
-            if logits is None:
-                out = RunnerOutput(sampled_token_ids={})
-            else:
+        logits = self._run(StepInputs(input_ids, positions, meta, sample_rows, sched_out.block_copies))
+        t2 = time.perf_counter()
+        if logits is None:
+            out = RunnerOutput(sampled_token_ids={})
+        else:
+            with torch.inference_mode():
                 result = self.sampler(logits, [requests[r] for r in sample_ids])
-                out = RunnerOutput(
-                    sampled_token_ids=dict(zip(sample_ids, result.token_ids, strict=True)),
-                    logprobs={
-                        r: lp for r, lp in zip(sample_ids, result.logprobs, strict=True) if lp is not None
-                    },
-                )
+            out = RunnerOutput(
+                sampled_token_ids=dict(zip(sample_ids, result.token_ids, strict=True)),
+                logprobs={r: lp for r, lp in zip(sample_ids, result.logprobs, strict=True) if lp is not None},
+            )
         self.last_forward_seconds = t2 - t1
         self.last_step_seconds = time.perf_counter() - t0
         return out
+
+    def _run(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Send the step to the other ranks (tensor parallel), then run it here as they do."""
+        if self.ranks is None:
+            return self.forward(inputs)
+        with self.ranks.step():  # a lost rank surfaces here as TensorParallelError
+            self.ranks.send(inputs)
+            return self.forward(inputs)
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The step every rank runs: forward, logits of the sampled rows, block copies.
+        Returns [B, V] fp32 logits (None with no sampled rows, and on ranks > 0 with tensor parallelism)."""
+        if inputs.meta is None:
+            self.copy_blocks(inputs.block_copies)
+            return None
+        with torch.inference_mode():
+            if self.graphs is not None and self.graphs.can_replay(inputs.meta, inputs.input_ids):
+                hidden = self.graphs.replay(inputs.num_tokens)  # [T_bucket, hidden]
+            else:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [T, H]
+            # A collective under tensor parallelism: every rank calls it when there are sampled rows.
+            logits = (
+                self.model.compute_logits(hidden[inputs.sample_rows]) if inputs.sample_rows.numel() else None
+            )
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            # After the forward: a fork's copy of its parent's last block must include this step's KV.
+            self.copy_blocks(inputs.block_copies)
+        return logits
 
     def prepare(
         self,
@@ -129,7 +159,7 @@ class ModelRunner:
         )
         return step.input_ids, step.positions, step.meta, step.sample_rows, step.sample_ids
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
         src = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=self.device)

@@ -105,6 +105,7 @@ def worker(**kw: Any) -> None:
     import signal
 
     from engine import LLMEngine
+    from engine.distributed.errors import TensorParallelError
     from worker import logs
     from worker.consumer_lease import ConsumerNameTaken
     from worker.keys import group_name
@@ -151,6 +152,10 @@ def worker(**kw: Any) -> None:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
     except ConsumerNameTaken as exc:
         raise click.ClickException(str(exc)) from exc
+    except TensorParallelError as exc:
+        # Exit non-zero (the engine logged the failure): leases lapse, other workers take the jobs over.
+        raise click.ClickException(f"engine failed: {exc}") from exc
+    # Tensor-parallel ranks are stopped by the engine's atexit hook, on every way out of here.
 
 
 @main.command()
