@@ -16,10 +16,13 @@ from engine import LLMEngine, SamplingParams
 from tests.helpers.hf_reference import greedy_agrees, hf_model
 
 COMMON = {"block_size": 8, "max_num_batched_tokens": 16, "num_kv_blocks": 9, "max_model_len": 64}
+# name -> (tiny arch, its overrides, engine options)
 MODELS = {
-    "llama": ("llama", {}),
-    "qwen3-head-dim": ("qwen3", {"head_dim": 32}),  # q width 4 * 32 != hidden size 64
-    "gqa-one-kv-head": ("llama", {"num_heads": 4, "num_kv_heads": 1}),  # fewer KV heads than ranks
+    "llama": ("llama", {}, {}),
+    "qwen3-head-dim": ("qwen3", {"head_dim": 32}, {}),  # q width 4 * 32 != hidden size 64
+    "gqa-one-kv-head": ("llama", {"num_heads": 4, "num_kv_heads": 1}, {}),  # fewer KV heads than ranks
+    # The generic path: the model's own transformers modules, sharded from its base_model_tp_plan.
+    "generic-gemma2": ("gemma2", {}, {"model_impl": "transformers"}),
 }
 
 
@@ -53,11 +56,11 @@ def _prompt_of_each_sample(waves: tuple[list[list[int]], list[list[int]]]) -> li
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_two_ranks_generate_what_one_process_does(tiny_model_dir, name):
-    arch, overrides = MODELS[name]
+    arch, overrides, options = MODELS[name]
     model = str(tiny_model_dir(arch, **overrides))
     waves = _prompts(seed=len(name))
-    expected = _run(LLMEngine(model, attention_backend="torch", **COMMON), waves)
-    tp = LLMEngine(model, attention_backend="torch", tensor_parallel_size=2, **COMMON)
+    expected = _run(LLMEngine(model, attention_backend="torch", **COMMON, **options), waves)
+    tp = LLMEngine(model, attention_backend="torch", tensor_parallel_size=2, **COMMON, **options)
     try:
         # Rank 0's KV pool holds only its own KV heads (one of the model's, or the one replicated).
         kv_heads = overrides.get("num_kv_heads", 2)
