@@ -2,7 +2,8 @@
 
 Rows are grouped by how their candidates are found, which depends only on the row's own parameters:
 
-    top_k = k < V       candidates = topk(k): [R, k], sorted descending (no full-vocabulary sort)
+    top_k = k < V       candidates = topk(k): [R, k], sorted descending (`engine.sampling.topk`: no full
+                        sort, no full-width selection)
     top_p < 1 only      candidates = the whole vocabulary sorted descending: [R, V]
     neither             candidates = the whole vocabulary unsorted (no sort, no cumsum)
 
@@ -21,6 +22,7 @@ import torch
 
 from engine.sampling.argmax import argmax_rows
 from engine.sampling.noise import exponential_noise
+from engine.sampling.topk import topk_rows
 
 
 def race(
@@ -42,7 +44,7 @@ def race(
     for (how, k), rows in groups.items():
         sub = logits[rows] if len(rows) < logits.shape[0] else logits  # [G, V]
         if how == "topk":
-            values, ids = sub.topk(k, dim=-1)  # [G, k] each, sorted descending
+            values, ids = topk_rows(sub, k)  # [G, k] each, sorted descending
         elif how == "sort":
             values, ids = sub.sort(dim=-1, descending=True)
         else:
