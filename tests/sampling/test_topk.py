@@ -73,3 +73,13 @@ def test_seeded_race_draws_the_same_tokens_as_with_torch_topk(monkeypatch):
     new = race(x, *args)
     monkeypatch.setattr(race_module, "topk_rows", lambda t, k: t.topk(k, dim=-1))
     assert race(x, *args) == new
+
+
+def test_a_row_mostly_tied_at_the_threshold():
+    """Fewer large values than k: the rest of the top-k ties at -20 (any of those ids is a valid choice)."""
+    x = torch.full((3, 4096), -20.0)
+    x[:, 500:510] = _logits(3, 10, seed=6).abs() + 1
+    values, ids = topk_rows(x, 16, block=64)
+    assert torch.equal(values, x.topk(16, dim=-1).values)
+    assert torch.equal(x.gather(1, ids), values)
+    assert all(len(set(row)) == 16 for row in ids.tolist())
