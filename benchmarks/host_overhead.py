@@ -16,6 +16,10 @@ forward returns a preallocated hidden tensor and `compute_logits` a rotating vie
     detokenize   TextStream.append: incremental detokenization and stop strings
     outputs      the rest of step(): runner glue and building the StepDelta list
 
+Decode scenarios also print `device math`: the tensor work a GPU would do instead of this CPU, timed
+alone on the same logits (greedy: one argmax; sampling: the penalty edits and `race`, see
+`sampling_math_ms`), and `host` = total - device math: what remains whatever the device.
+
 Scenarios (targets from issue 10, on this CPU): 256 running sequences with ~1k-token contexts, greedy
 (< 2 ms/step); the same with temperature, top-p, top-k, repetition penalty and a seed per request (< 3 ms);
 one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/host_overhead-<label>.json.
@@ -40,6 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.detokenizer import TextStream  # noqa: E402
+from engine.sampler import _SparseEdits  # noqa: E402  (the sampler's own in-place edit helper)
+from engine.sampling.noise import row_seeds  # noqa: E402
+from engine.sampling.race import race  # noqa: E402
+from engine.sampling.seen_tokens import SeenTokens  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -171,7 +179,13 @@ def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], arg
         if len(deltas) != args.batch:
             raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
     out = summarise(clock)
-    out["logits_pass_ms"] = logits_pass_ms(engine.runner.model._table[: args.batch])
+    logits = engine.runner.model._table[: args.batch]
+    out["logits_pass_ms"] = logits_pass_ms(logits)
+    running = list(engine.scheduler.running)
+    greedy = all(r.params.temperature == 0.0 for r in running)
+    # What a GPU would run: the argmax for greedy, the sampler's tensor math otherwise.
+    out["device_math_ms"] = out["logits_pass_ms"] if greedy else sampling_math_ms(logits, running)
+    out["host_ms"] = out["total"]["mean_ms"] - out["device_math_ms"]
     return out
 
 
@@ -183,6 +197,35 @@ def logits_pass_ms(logits: torch.Tensor, repeats: int = 20) -> float:
     for _ in range(repeats):
         t0 = time.perf_counter()
         array.argmax(axis=-1)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def sampling_math_ms(logits: torch.Tensor, requests: list, repeats: int = 10) -> float:
+    """The sampler's tensor work alone, on the same [B, V] logits and requests: repetition penalty as
+    sparse edits (gather, scale, scatter, restore), then `race` (top-k, temperature, top-p, noise for the
+    candidates, argmax). The per-request Python that builds its inputs (seen-token index, row seeds, the
+    parameter lists) is done once outside the timed region: that part is host work on any device."""
+    vocab = logits.shape[1]
+    row, col = SeenTokens().index(requests, list(range(len(requests))), vocab)
+    rows, cols = torch.from_numpy(row), torch.from_numpy(col)
+    rep = torch.tensor([r.params.repetition_penalty for r in requests], dtype=torch.float32)[rows]
+    params = [r.params for r in requests]
+    lists = (
+        [p.temperature for p in params],
+        [p.top_k if p.top_k > 0 else vocab for p in params],
+        [p.top_p for p in params],
+        [p.min_p for p in params],
+        row_seeds(requests),
+    )
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        edits = _SparseEdits(logits)
+        x = edits.get(rows, cols)
+        edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep), old=x)
+        race(logits, *lists)
+        edits.restore()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
 
@@ -250,7 +293,10 @@ def main() -> None:
             target = TARGETS_MS[name]
             total = row["total"]["mean_ms"]
             floor = (
-                f" | one read of the logits {row['logits_pass_ms']:.2f}" if "logits_pass_ms" in row else ""
+                f" | one read of the logits {row['logits_pass_ms']:.2f} | device math "
+                f"{row['device_math_ms']:.2f}, host {row['host_ms']:.2f}"
+                if "logits_pass_ms" in row
+                else ""
             )
             print(f"{name:16s} total {total:6.2f} ms/step (target < {target}) | {parts}{floor}", flush=True)
     cpu = next(

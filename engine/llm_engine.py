@@ -254,7 +254,7 @@ class LLMEngine:
         if stopped and not request.is_finished:
             self.scheduler.finish_request(seq_id, RequestStatus.FINISHED_STOPPED)
         lp = [logprobs] if logprobs is not None else None
-        if request.is_finished or lp is not None:
+        if request.status is not RequestStatus.RUNNING or lp is not None:  # finished, or logprobs to add
             if request.is_finished:
                 return self._finish_delta(
                     request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
