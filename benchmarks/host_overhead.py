@@ -28,6 +28,7 @@ one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/hos
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -82,12 +83,24 @@ class StubModel:
 
 
 class Clock:
-    """Accumulates seconds per part over the measured steps; `active` False during warm-up."""
+    """Accumulates seconds per part over the measured steps; `active` False during warm-up.
+
+    Besides the parts, per step: `cpu` (this thread's CPU time: total - cpu is time spent waiting for a
+    core, i.e. other processes on a shared machine) and `gc` (Python's garbage collector, timed through
+    gc.callbacks; it runs inside whichever part allocated last)."""
 
     def __init__(self) -> None:
         self.parts: dict[str, list[float]] = defaultdict(list)
         self.current: dict[str, float] = defaultdict(float)
         self.active = False
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.current["gc"] += time.perf_counter() - self._gc_start
 
     def wrap(self, part: str, fn: Callable) -> Callable:
         def timed(*args, **kwargs):
@@ -101,15 +114,19 @@ class Clock:
 
     def step(self, engine: LLMEngine) -> list:
         self.current.clear()
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         deltas = engine.step()
         total = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         if self.active:
-            named = sum(self.current.values())
+            named = sum(self.current.get(part, 0.0) for part in PARTS[:-1])
             for part in PARTS[:-1]:
                 self.parts[part].append(self.current.get(part, 0.0))
             self.parts["outputs"].append(total - named)
             self.parts["total"].append(total)
+            self.parts["cpu"].append(cpu)
+            self.parts["gc"].append(self.current.get("gc", 0.0))
         return deltas
 
 
@@ -154,7 +171,7 @@ def build_engine(model_dir: Path, clock: Clock, max_num_seqs: int, num_kv_blocks
 
 def summarise(clock: Clock) -> dict:
     out = {}
-    for part in (*PARTS, "total"):
+    for part in (*PARTS, "total", "cpu", "gc"):
         values_ms = [v * 1e3 for v in clock.parts[part]]
         out[part] = {"mean_ms": statistics.fmean(values_ms), "median_ms": statistics.median(values_ms)}
     return out
@@ -298,7 +315,11 @@ def main() -> None:
                 if "logits_pass_ms" in row
                 else ""
             )
-            print(f"{name:16s} total {total:6.2f} ms/step (target < {target}) | {parts}{floor}", flush=True)
+            waits = f" | on-CPU {row['cpu']['mean_ms']:.2f}, gc {row['gc']['mean_ms']:.2f}"
+            print(
+                f"{name:16s} total {total:6.2f} ms/step (target < {target}) | {parts}{floor}{waits}",
+                flush=True,
+            )
     cpu = next(
         (
             ln.split(":", 1)[1].strip()

@@ -125,7 +125,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        step = _Step()
+        step = _Step(no_forks=self.forks.is_empty())
         running = self.running
         was_running = bool(running)
 
@@ -278,7 +278,7 @@ class Scheduler:
                 sample,
             )
         )
-        if sample and self.forks.num_siblings(request):
+        if sample and not step.no_forks and self.forks.num_siblings(request):
             self._fork(request, step)
 
     def _fork(self, parent: Request, step: _Step) -> None:
@@ -358,3 +358,5 @@ class _Step:
     forked: list[Request] = field(default_factory=list)
     # Siblings whose fork failed: they join `waiting` after the step is built.
     unforked: list[Request] = field(default_factory=list)
+    # No sibling waits for a fork (true in most steps; none can be added while the step is built).
+    no_forks: bool = False
