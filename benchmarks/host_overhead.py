@@ -276,7 +276,13 @@ def main() -> None:
     # ops on [256, 50] into ~16 ms waits; host work is one Python thread anyway.
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--scenarios", default="decode_greedy,decode_sampling,prefill_8k")
+    ap.add_argument(
+        "--out", type=Path, help="write the JSON here instead of results/host_overhead-<label>.json"
+    )
+    ap.add_argument("--dry-run", action="store_true", help="16 sequences, 3 steps: only checks that it runs")
     args = ap.parse_args()
+    if args.dry_run:
+        args.batch, args.steps, args.warmup = 16, 3, 1
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(
@@ -338,8 +344,8 @@ def main() -> None:
         "targets_ms": TARGETS_MS,
         "results": results,
     }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"host_overhead-{args.label}.json"
+    path = args.out or RESULTS / f"host_overhead-{args.label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
 
