@@ -4,7 +4,8 @@ Rows are grouped by how their candidates are found, which depends only on the ro
 
     top_k = k < V       candidates = topk(k): [R, k], sorted descending (`engine.sampling.topk`: no full
                         sort, no full-width selection)
-    top_p < 1 only      candidates = the whole vocabulary sorted descending: [R, V]
+    top_p < 1 only      candidates = the shortest top-K holding the nucleus (`engine.sampling.nucleus`),
+                        sorted descending: [R, K], padded with -inf
     neither             candidates = the whole vocabulary unsorted (no sort, no cumsum)
 
 Within a group every step is row-wise, so a row's token does not depend on which rows share its batch.
@@ -22,6 +23,7 @@ import torch
 
 from engine.sampling.argmax import argmax_rows
 from engine.sampling.noise import exponential_noise
+from engine.sampling.nucleus import nucleus_candidates
 from engine.sampling.topk import topk_rows
 
 
@@ -43,22 +45,23 @@ def race(
     out = [0] * len(temperature)
     for (how, k), rows in groups.items():
         sub = logits[rows] if len(rows) < logits.shape[0] else logits  # [G, V]
+        t = torch.tensor([temperature[i] for i in rows], dtype=torch.float32, device=dev)[:, None]  # [G, 1]
+        mp = torch.tensor([min_p[i] for i in rows], dtype=torch.float32, device=dev)[:, None]
+        tp = torch.tensor([top_p[i] for i in rows], dtype=torch.float32, device=dev)[:, None]
+        mass = None  # [G, 1] the mass top_p is relative to, when not the candidates' own
         if how == "topk":
             values, ids = topk_rows(sub, k)  # [G, k] each, sorted descending
         elif how == "sort":
-            values, ids = sub.sort(dim=-1, descending=True)
+            values, ids, mass = nucleus_candidates(sub, t, tp, mp)  # [G, K], K << V as a rule
         else:
             values, ids = sub, torch.arange(vocab_size, device=dev).expand(len(rows), -1)
-        t = torch.tensor([temperature[i] for i in rows], dtype=torch.float32, device=dev)[:, None]  # [G, 1]
         w = torch.exp((values - values.amax(dim=-1, keepdim=True)) / t)  # [G, K]; the max is 1
-        mp = torch.tensor([min_p[i] for i in rows], dtype=torch.float32, device=dev)[:, None]
         if bool((mp > 0).any()):
             w = w.masked_fill(w < mp, 0.0)
-        if how != "all":
-            tp = torch.tensor([top_p[i] for i in rows], dtype=torch.float32, device=dev)[:, None]
-            if bool((tp < 1.0).any()):
-                before = w.cumsum(dim=-1) - w  # kept mass strictly before each candidate
-                w = w.masked_fill((before > tp * w.sum(dim=-1, keepdim=True)) & (tp < 1.0), 0.0)
+        if how != "all" and bool((tp < 1.0).any()):
+            before = w.cumsum(dim=-1) - w  # kept mass strictly before each candidate
+            total = w.sum(dim=-1, keepdim=True) if mass is None else mass
+            w = w.masked_fill((before > tp * total) & (tp < 1.0), 0.0)
         q = exponential_noise(seeds[rows], ids.cpu()).to(dev)  # [G, K]; hashed on the host
         choice = argmax_rows(w / q)[:, None]  # [G, 1]
         for i, token in zip(rows, ids.gather(1, choice).squeeze(1).tolist(), strict=True):
