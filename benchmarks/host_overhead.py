@@ -16,6 +16,10 @@ forward returns a preallocated hidden tensor and `compute_logits` a rotating vie
     detokenize   TextStream.append: incremental detokenization and stop strings
     outputs      the rest of step(): runner glue and building the StepDelta list
 
+Decode scenarios also print `device math`: the tensor work a GPU would do instead of this CPU, timed
+alone on the same logits (greedy: one argmax; sampling: the penalty edits and `race`, see
+`sampling_math_ms`), and `host` = total - device math: what remains whatever the device.
+
 Scenarios (targets from issue 10, on this CPU): 256 running sequences with ~1k-token contexts, greedy
 (< 2 ms/step); the same with temperature, top-p, top-k, repetition penalty and a seed per request (< 3 ms);
 one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/host_overhead-<label>.json.
@@ -24,6 +28,7 @@ one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/hos
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -40,6 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.detokenizer import TextStream  # noqa: E402
+from engine.sampler import _SparseEdits  # noqa: E402  (the sampler's own in-place edit helper)
+from engine.sampling.noise import row_seeds  # noqa: E402
+from engine.sampling.race import race  # noqa: E402
+from engine.sampling.seen_tokens import SeenTokens  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -74,12 +83,24 @@ class StubModel:
 
 
 class Clock:
-    """Accumulates seconds per part over the measured steps; `active` False during warm-up."""
+    """Accumulates seconds per part over the measured steps; `active` False during warm-up.
+
+    Besides the parts, per step: `cpu` (this thread's CPU time: total - cpu is time spent waiting for a
+    core, i.e. other processes on a shared machine) and `gc` (Python's garbage collector, timed through
+    gc.callbacks; it runs inside whichever part allocated last)."""
 
     def __init__(self) -> None:
         self.parts: dict[str, list[float]] = defaultdict(list)
         self.current: dict[str, float] = defaultdict(float)
         self.active = False
+        self._gc_start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.current["gc"] += time.perf_counter() - self._gc_start
 
     def wrap(self, part: str, fn: Callable) -> Callable:
         def timed(*args, **kwargs):
@@ -93,15 +114,19 @@ class Clock:
 
     def step(self, engine: LLMEngine) -> list:
         self.current.clear()
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         deltas = engine.step()
         total = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         if self.active:
-            named = sum(self.current.values())
+            named = sum(self.current.get(part, 0.0) for part in PARTS[:-1])
             for part in PARTS[:-1]:
                 self.parts[part].append(self.current.get(part, 0.0))
             self.parts["outputs"].append(total - named)
             self.parts["total"].append(total)
+            self.parts["cpu"].append(cpu)
+            self.parts["gc"].append(self.current.get("gc", 0.0))
         return deltas
 
 
@@ -146,7 +171,7 @@ def build_engine(model_dir: Path, clock: Clock, max_num_seqs: int, num_kv_blocks
 
 def summarise(clock: Clock) -> dict:
     out = {}
-    for part in (*PARTS, "total"):
+    for part in (*PARTS, "total", "cpu", "gc"):
         values_ms = [v * 1e3 for v in clock.parts[part]]
         out[part] = {"mean_ms": statistics.fmean(values_ms), "median_ms": statistics.median(values_ms)}
     return out
@@ -171,7 +196,13 @@ def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], arg
         if len(deltas) != args.batch:
             raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
     out = summarise(clock)
-    out["logits_pass_ms"] = logits_pass_ms(engine.runner.model._table[: args.batch])
+    logits = engine.runner.model._table[: args.batch]
+    out["logits_pass_ms"] = logits_pass_ms(logits)
+    running = list(engine.scheduler.running)
+    greedy = all(r.params.temperature == 0.0 for r in running)
+    # What a GPU would run: the argmax for greedy, the sampler's tensor math otherwise.
+    out["device_math_ms"] = out["logits_pass_ms"] if greedy else sampling_math_ms(logits, running)
+    out["host_ms"] = out["total"]["mean_ms"] - out["device_math_ms"]
     return out
 
 
@@ -183,6 +214,35 @@ def logits_pass_ms(logits: torch.Tensor, repeats: int = 20) -> float:
     for _ in range(repeats):
         t0 = time.perf_counter()
         array.argmax(axis=-1)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def sampling_math_ms(logits: torch.Tensor, requests: list, repeats: int = 10) -> float:
+    """The sampler's tensor work alone, on the same [B, V] logits and requests: repetition penalty as
+    sparse edits (gather, scale, scatter, restore), then `race` (top-k, temperature, top-p, noise for the
+    candidates, argmax). The per-request Python that builds its inputs (seen-token index, row seeds, the
+    parameter lists) is done once outside the timed region: that part is host work on any device."""
+    vocab = logits.shape[1]
+    row, col = SeenTokens().index(requests, list(range(len(requests))), vocab)
+    rows, cols = torch.from_numpy(row), torch.from_numpy(col)
+    rep = torch.tensor([r.params.repetition_penalty for r in requests], dtype=torch.float32)[rows]
+    params = [r.params for r in requests]
+    lists = (
+        [p.temperature for p in params],
+        [p.top_k if p.top_k > 0 else vocab for p in params],
+        [p.top_p for p in params],
+        [p.min_p for p in params],
+        row_seeds(requests),
+    )
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        edits = _SparseEdits(logits)
+        x = edits.get(rows, cols)
+        edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep), old=x)
+        race(logits, *lists)
+        edits.restore()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
 
@@ -216,7 +276,13 @@ def main() -> None:
     # ops on [256, 50] into ~16 ms waits; host work is one Python thread anyway.
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--scenarios", default="decode_greedy,decode_sampling,prefill_8k")
+    ap.add_argument(
+        "--out", type=Path, help="write the JSON here instead of results/host_overhead-<label>.json"
+    )
+    ap.add_argument("--dry-run", action="store_true", help="16 sequences, 3 steps: only checks that it runs")
     args = ap.parse_args()
+    if args.dry_run:
+        args.batch, args.steps, args.warmup = 16, 3, 1
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(
@@ -250,9 +316,16 @@ def main() -> None:
             target = TARGETS_MS[name]
             total = row["total"]["mean_ms"]
             floor = (
-                f" | one read of the logits {row['logits_pass_ms']:.2f}" if "logits_pass_ms" in row else ""
+                f" | one read of the logits {row['logits_pass_ms']:.2f} | device math "
+                f"{row['device_math_ms']:.2f}, host {row['host_ms']:.2f}"
+                if "logits_pass_ms" in row
+                else ""
             )
-            print(f"{name:16s} total {total:6.2f} ms/step (target < {target}) | {parts}{floor}", flush=True)
+            waits = f" | on-CPU {row['cpu']['mean_ms']:.2f}, gc {row['gc']['mean_ms']:.2f}"
+            print(
+                f"{name:16s} total {total:6.2f} ms/step (target < {target}) | {parts}{floor}{waits}",
+                flush=True,
+            )
     cpu = next(
         (
             ln.split(":", 1)[1].strip()
@@ -271,8 +344,8 @@ def main() -> None:
         "targets_ms": TARGETS_MS,
         "results": results,
     }
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"host_overhead-{args.label}.json"
+    path = args.out or RESULTS / f"host_overhead-{args.label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
 

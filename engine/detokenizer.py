@@ -79,6 +79,12 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
+        if self._stream is not None and len(token_ids) == 1:
+            # A decode step: one token, one call into Rust (the loop below, without its Python around it).
+            ids = self._ids
+            ids.append(token_ids[0])
+            piece = self._stream.step(cast(Tokenizer, self.tokenizer), token_ids[0])
+            return "" if piece is None else self._emit(piece, len(ids))
         if self._stream is not None:
             return self._add_streamed(self._stream, cast(Tokenizer, self.tokenizer), token_ids)
         self._ids.extend(token_ids)
@@ -149,9 +155,15 @@ class TextStream:
         return self._stops.stopped
 
     def append(self, token_ids: Sequence[int]) -> tuple[str, bool]:
-        if self.stopped:
+        stops = self._stops
+        if stops.stopped:
             return "", True
-        return self._feed(self._detokenizer.add(token_ids))
+        text = self._detokenizer.add(token_ids)
+        if not stops.stop:  # no stop strings: everything decoded is emitted
+            if text:
+                self._parts.append(text)
+            return text, False
+        return self._feed(text)
 
     def _feed(self, text: str) -> tuple[str, bool]:
         delta, stopped = self._stops.feed(text)

@@ -41,11 +41,25 @@ class BlockTables:
         # The Request object each row was filled for: an id reused by a new request rewrites the row.
         self.owners: dict[str, object] = {}
         self._free = list(range(rows - 1, -1, -1))
+        # request id -> (row, owner, number of blocks, last block id) as of the last row_for: a decode
+        # step that appended no block is answered from here without touching numpy (~0.2 us, not ~1.5).
+        self._last: dict[str, tuple[int, object, int, int]] = {}
 
     def row_for(self, request_id: str, block_ids: list[int], owner: object = None) -> int:
         """The request's row, updated to `block_ids`. A running request's table only grows, so only the
         blocks appended since the last step are written; a new owner of the id, a shorter table or a
         changed last block rewrites the row (a preempted request's row is released by the caller)."""
+        last = self._last.get(request_id)
+        if last is not None and last[1] is owner and last[2] == len(block_ids) and block_ids[-1] == last[3]:
+            return last[0]
+        row = self._row_for(request_id, block_ids, owner)
+        if block_ids:
+            self._last[request_id] = (row, owner, len(block_ids), block_ids[-1])
+        else:
+            self._last.pop(request_id, None)
+        return row
+
+    def _row_for(self, request_id: str, block_ids: list[int], owner: object) -> int:
         row = self.rows.get(request_id)
         if row is None:
             row = self._take()
@@ -65,6 +79,7 @@ class BlockTables:
         return row
 
     def release(self, request_id: str) -> None:
+        self._last.pop(request_id, None)
         self.owners.pop(request_id, None)
         row = self.rows.pop(request_id, None)
         if row is not None:

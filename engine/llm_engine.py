@@ -245,9 +245,10 @@ class LLMEngine:
         runner_out = self.runner.execute(sched_out, self.scheduler.requests)
         updated = self.scheduler.update_from_output(sched_out, runner_out)
         rejected = self.structured.accept(updated)
-        for request in updated:
-            deltas.append(self._delta_for(request, runner_out.logprobs.get(request.request_id)))
-        return deltas + self._fail_structured(rejected)
+        logprobs = runner_out.logprobs
+        delta_for = self._delta_for
+        deltas.extend([delta_for(r, logprobs.get(r.request_id) if logprobs else None) for r in updated])
+        return deltas + self._fail_structured(rejected) if rejected else deltas
 
     def _fail_structured(self, failures: list[tuple[Request, str]]) -> list[StepDelta]:
         """End requests whose grammar failed to compile (or rejected a token): finish_reason "abort", with
@@ -265,18 +266,27 @@ class LLMEngine:
 
     def _delta_for(self, request: Request, logprobs: list[tuple[int, float]] | None) -> StepDelta:
         seq_id = request.request_id
-        new_ids = request.output_token_ids[self._next_index[seq_id] :]
+        first = self._next_index[seq_id]
+        new_ids = request.output_token_ids[first:]
         self._num_generated_tokens += len(new_ids)
         stream = self._streams[seq_id]
         text, stopped = stream.append(new_ids)
         if stopped and not request.is_finished:
             self.scheduler.finish_request(seq_id, RequestStatus.FINISHED_STOPPED)
         lp = [logprobs] if logprobs is not None else None
-        if request.is_finished:
-            return self._finish_delta(
-                request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
-            )
-        return self._make_delta(request, new_ids, text, lp)
+        if request.status is not RequestStatus.RUNNING or lp is not None:  # finished, or logprobs to add
+            if request.is_finished:
+                return self._finish_delta(
+                    request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
+                )
+            return self._make_delta(request, new_ids, text, lp)
+        # The common case, once per running request per step: what _make_delta builds, inlined.
+        num_output = first + len(new_ids)
+        self._next_index[seq_id] = num_output
+        return StepDelta(
+            request.group_id, request.sample_index, new_ids, text, first,
+            num_prompt_tokens=len(request.prompt_token_ids), num_output_tokens=num_output,
+        )  # fmt: skip
 
     def _finish_delta(
         self,

@@ -59,6 +59,8 @@ class Sampler:
         logits = logits[:, : self.vocab_size]  # [B, V], maybe a view of the input
         if logits.dtype != torch.float32:
             logits = logits.float()
+        if all(_plain_greedy(r) for r in requests):  # one scan of the batch for the commonest case
+            return SamplerResult(argmax_rows(logits).tolist(), [None] * len(requests))
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V] float32
@@ -98,7 +100,7 @@ class Sampler:
                 [r.params.repetition_penalty for r in requests], dtype=torch.float32, device=dev
             )
             rep = rep[rows]
-            edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep))
+            edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep), old=x)
         pairs = [(i, t) for i, ts in enumerate(banned) for t in ts if t < self.vocab_size]
         if pairs:
             rows = torch.tensor([i for i, _ in pairs], dtype=torch.int64, device=dev)
@@ -147,8 +149,11 @@ class _SparseEdits:
             return self._flat.index_select(0, rows * self.x.shape[1] + cols)
         return self.x[rows, cols]
 
-    def put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
-        self._undo.append((rows, cols, self.get(rows, cols)))
+    def put(
+        self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, old: torch.Tensor | None = None
+    ) -> None:
+        """old: what get(rows, cols) returned just before, if the caller has it (saves reading it again)."""
+        self._undo.append((rows, cols, self.get(rows, cols) if old is None else old))
         self._write(rows, cols, values.to(self.x.dtype))
 
     def _write(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
@@ -161,6 +166,19 @@ class _SparseEdits:
         for rows, cols, old in reversed(self._undo):
             self._write(rows, cols, old)
         self._undo.clear()
+
+
+def _plain_greedy(request: Request) -> bool:
+    """Greedy with nothing to edit in its logits row and no logprobs: its token is the row's argmax."""
+    p = request.params
+    return (
+        p.temperature == 0.0
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and len(request.output_token_ids) >= p.min_tokens
+    )
 
 
 def _gather_logprobs(

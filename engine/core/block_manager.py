@@ -82,6 +82,12 @@ class KVBlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def has_room(self, request_id: str, num_tokens: int) -> bool:
+        """Whether the request's table already holds `num_tokens` tokens (then allocate_slots would take
+        nothing): most decode steps, answered without building an Allocation."""
+        table = self._tables.get(request_id)
+        return table is not None and len(table) * self.block_size >= num_tokens
+
     # ------------------------------------------------------------------ verbs
 
     def get_computed_blocks(self, request: Request) -> CachedPrefix:

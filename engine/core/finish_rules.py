@@ -14,15 +14,16 @@ def check_stop(
 
     A stop token wins over a length limit reached by the same token, so the reason names the stronger cause.
     """
+    # Runs once per running request per step: plain attribute reads, no property calls.
     params = request.params
-    num_out = request.num_output_tokens
-    if num_out >= params.min_tokens:
-        if token_id in eos_token_ids and not params.ignore_eos:
-            return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-    if (
-        params.max_tokens is not None and num_out >= params.max_tokens
-    ) or request.num_tokens >= max_model_len:
+    num_out = len(request.output_token_ids)
+    if num_out >= params.min_tokens and (
+        (token_id in eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids
+    ):
+        return RequestStatus.FINISHED_STOPPED
+    max_tokens = params.max_tokens
+    if (max_tokens is not None and num_out >= max_tokens) or len(
+        request.prompt_token_ids
+    ) + num_out >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None

@@ -34,6 +34,10 @@ class ForkWaitlist:
         self._siblings.setdefault(parent.request_id, []).append(request)
         return True
 
+    def is_empty(self) -> bool:
+        """No parent to remember and no sibling waiting: release() would do nothing for anyone."""
+        return not self._parents and not self._siblings
+
     def num_siblings(self, parent: Request) -> int:
         return len(self._siblings.get(parent.request_id, ()))
 

@@ -125,15 +125,20 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        step = _Step()
+        step = _Step(no_forks=self.forks.is_empty())
         running = self.running
         was_running = bool(running)
 
+        has_room = self.kv.has_room
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, n, step):
+            start = request.num_computed_tokens
+            n = min(request.num_tokens - start, budget)
+            # Most decode steps need no new block: skip the allocator (and preemption) for them.
+            if not has_room(request.request_id, start + n) and not self._allocate_or_preempt(
+                request, n, step
+            ):
                 break  # it was the last one, and preempted itself
             self._schedule(request, n, step)
             budget -= n
@@ -180,19 +185,24 @@ class Scheduler:
         sampled = runner_output.sampled_token_ids
         updated: list[Request] = []
         any_finished = False
+        requests, eos, max_model_len = self.requests, self.eos_token_ids, self.config.max_model_len
+        cache_blocks = self.kv.enable_prefix_caching
+        forks = not self.forks.is_empty()
         for seq in scheduler_output.sequences:
-            request = self.requests.get(seq.request_id)
-            if request is None or request.status != _RUNNING:
+            request = requests.get(seq.request_id)
+            if request is None or request.status is not _RUNNING:
                 continue  # aborted or finished from outside after this step was scheduled
             request.num_computed_tokens = seq.start_pos + len(seq.token_ids)
             if seq.sample:
                 token = sampled[seq.request_id]
                 request.append_output_token(token)
-            self.kv.cache_full_blocks(request)
+            if cache_blocks:
+                self.kv.cache_full_blocks(request)
             if not seq.sample:
                 continue
-            self._release_forks(request)  # siblings added after the fork was scheduled
-            status = check_stop(request, token, self.eos_token_ids, self.config.max_model_len)
+            if forks:
+                self._release_forks(request)  # siblings added after the fork was scheduled
+            status = check_stop(request, token, eos, max_model_len)
             if status is not None:
                 self._finish(request, status, leave_running=True)
                 any_finished = True
@@ -257,17 +267,18 @@ class Scheduler:
 
     def _schedule(self, request: Request, n: int, step: _Step) -> None:
         start = request.num_computed_tokens
-        sample = start + n == request.num_tokens
+        tokens = request.token_ids()
+        sample = start + n == len(tokens)
         step.sequences.append(
             ScheduledSequence(
-                request_id=request.request_id,
-                token_ids=request.token_ids()[start : start + n],
-                start_pos=start,
-                block_ids=list(self.kv.block_ids(request.request_id)),
-                sample=sample,
+                request.request_id,
+                tokens[start : start + n],
+                start,
+                list(self.kv.block_ids(request.request_id)),
+                sample,
             )
         )
-        if sample and self.forks.num_siblings(request):
+        if sample and not step.no_forks and self.forks.num_siblings(request):
             self._fork(request, step)
 
     def _fork(self, parent: Request, step: _Step) -> None:
@@ -347,3 +358,5 @@ class _Step:
     forked: list[Request] = field(default_factory=list)
     # Siblings whose fork failed: they join `waiting` after the step is built.
     unforked: list[Request] = field(default_factory=list)
+    # No sibling waits for a fork (true in most steps; none can be added while the step is built).
+    no_forks: bool = False

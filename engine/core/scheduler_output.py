@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledSequence:
-    """One sequence's work in this step."""
+    """One sequence's work in this step. Treat as read-only.
+
+    Not frozen: one is built per running request per step, and a frozen dataclass's __init__ costs twice
+    a plain one (~1.0 us against ~0.5 us, 0.13 ms per step at 256 requests)."""
 
     request_id: str
     # Token ids whose KV is computed this step: token_ids()[start_pos : start_pos + len(token_ids)].

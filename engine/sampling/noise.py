@@ -44,7 +44,7 @@ def row_seeds(requests: list[Request]) -> np.ndarray:
     return seeds
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     x = x + _GOLDEN
     x = (x ^ (x >> np.uint64(30))) * _MIX1
     x = (x ^ (x >> np.uint64(27))) * _MIX2
@@ -58,7 +58,7 @@ def exponential_noise(seeds: np.ndarray, token_ids: torch.Tensor) -> torch.Tenso
     """
     ids = token_ids.numpy().astype(np.uint64)
     with np.errstate(over="ignore"):
-        bits = _splitmix64(_splitmix64(seeds[:, None]) ^ (ids * _GOLDEN))
+        bits = splitmix64(splitmix64(seeds[:, None]) ^ (ids * _GOLDEN))
     # The top 53 bits as u in (0, 1]: never 0, so q > 0 and probs / q is finite.
     u = ((bits >> np.uint64(11)).astype(np.float64) + 1.0) * (1.0 / 2**53)
     return torch.from_numpy(-np.log(u)).float()

@@ -49,21 +49,22 @@ class SeenTokens:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(row, col) int64 arrays: one pair per distinct in-vocab seen token of requests[i] for i in rows."""
         keep: dict[str, _Seen] = {}
-        rr, cc = [], []
+        by_id = self._by_id
+        cols: list[np.ndarray] = []
+        counts: list[int] = []
         for i in rows:
             r = requests[i]
-            seen = self._by_id.get(r.request_id)
+            seen = by_id.get(r.request_id)
             if seen is None or seen.request is not r or seen.consumed > r.num_tokens:
                 seen = _Seen(r)
-            else:
+            elif seen.consumed < r.num_tokens:
                 seen.update()
             keep[r.request_id] = seen
-            cols = seen.ids[: seen.n]
-            rr.append(np.full(seen.n, i, dtype=np.int64))
-            cc.append(cols)
+            cols.append(seen.ids[: seen.n])
+            counts.append(seen.n)
         self._by_id = keep
-        if not rr:
+        if not cols:
             return np.empty(0, np.int64), np.empty(0, np.int64)
-        row, col = np.concatenate(rr), np.concatenate(cc)
+        row, col = np.repeat(np.asarray(rows, dtype=np.int64), counts), np.concatenate(cols)
         ok = (col >= 0) & (col < vocab_size)
         return row[ok], col[ok]

@@ -9,7 +9,7 @@ import torch
 
 from engine.core.scheduler_output import ScheduledSequence
 from engine.cuda_graphs import batch_buckets, bucket_for
-from engine.input_batch import InputBatch
+from engine.input_batch import BlockTables, InputBatch
 from tests.helpers.model_helpers import metadata
 
 BS = 4
@@ -136,3 +136,13 @@ def test_an_id_reused_by_another_request_gets_its_new_table():
     batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": object()})
     again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
     _check_same(batch.prepare(again, alive={"a": object()}), again)
+
+
+def test_block_tables_answer_an_unchanged_table_without_rewriting_and_forget_an_emptied_one():
+    tables, owner = BlockTables(rows=4, width=4), object()
+    row = tables.row_for("a", [5, 6], owner)
+    tables.table[row, 0] = 99  # would be rewritten by a full update, not by the unchanged-table path
+    assert tables.row_for("a", [5, 6], owner) == row and tables.table[row, :2].tolist() == [99, 6]
+    tables.row_for("a", [], owner)  # emptied (all blocks given back): the row is cleared
+    assert tables.table[row].tolist() == [0, 0, 0, 0]
+    assert tables.row_for("a", [5, 6], owner) == row and tables.table[row, :2].tolist() == [5, 6]

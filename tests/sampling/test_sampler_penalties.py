@@ -78,3 +78,14 @@ def test_empty_history_and_out_of_range_ids_are_harmless(make_req):
     ]
     apply_penalties(logits, reqs)
     assert logits.tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.5]]
+
+
+def test_all_greedy_batch_still_bans_eos_before_min_tokens(make_req):
+    """An all-greedy batch without penalties is one argmax, except rows still under min_tokens."""
+    logits = torch.tensor([[5.0, 1.0, 2.0], [5.0, 1.0, 2.0]])  # EOS (0) is the argmax of both rows
+    reqs = [
+        make_req(temperature=0.0, min_tokens=2, output=[1]),
+        make_req(temperature=0.0, min_tokens=2, output=[1, 1]),
+    ]
+    assert Sampler(3, EOS)(logits, reqs).token_ids == [2, 0]
+    assert logits[0, 0] == 5.0  # the caller's logits are put back
