@@ -3,6 +3,7 @@ server a LocalRedis stopped by its PID, created with `redis-cli --cluster create
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -19,20 +20,22 @@ class LocalCluster:
     servers: list[local_redis.LocalRedis]
     folder: Path
     killed: set[int] = field(default_factory=set)  # ports of servers killed on purpose
+    password: str | None = None  # every node's requirepass (and masterauth)
 
     @property
     def url(self) -> str:
         """Any live node: the cluster client finds the others from it."""
         live = next(s for s in self.servers if s.port not in self.killed)
-        return f"redis://127.0.0.1:{live.port}"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{live.port}"
 
     def node(self, port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=port, password=self.password, socket_timeout=5)
 
     def master_of(self, key: str) -> local_redis.LocalRedis:
         """The server owning `key`'s slot now (asked of a live node)."""
         port = next(s.port for s in self.servers if s.port not in self.killed)
-        with redis.cluster.RedisCluster(host="127.0.0.1", port=port) as client:
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=port, password=self.password) as client:
             node = client.get_node_from_key(key)
         return next(s for s in self.servers if s.port == node.port)
 
@@ -105,11 +108,19 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> LocalCluster:
-    """Start masters * (1 + replicas) servers and join them into one cluster whose state is ok."""
+def start(
+    folder: Path,
+    masters: int = 3,
+    replicas: int = 1,
+    node_timeout_ms: int = 1000,
+    password: str | None = None,
+) -> LocalCluster:
+    """Start masters * (1 + replicas) servers and join them into one cluster whose state is ok. With a
+    password every node requires it, and replicas use it to sync from their masters (masterauth)."""
     folder.mkdir(parents=True, exist_ok=True)
     servers: list[local_redis.LocalRedis] = []
-    cluster = LocalCluster(servers, folder)
+    cluster = LocalCluster(servers, folder, password=password)
+    auth = ["--masterauth", password] if password else []
     try:
         for _ in range(masters * (1 + replicas)):
             port = cluster_port()
@@ -120,8 +131,9 @@ def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: in
                 "--dir", str(folder),
                 "--dbfilename", f"dump-{port}.rdb",
                 "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not after 5 s
+                *auth,
             ]  # fmt: skip
-            servers.append(local_redis.start(port, args))
+            servers.append(local_redis.start(port, args, password=password))
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
         done = subprocess.run(
             [
@@ -136,6 +148,7 @@ def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: in
             capture_output=True,
             text=True,
             timeout=60,
+            env={**os.environ, **({"REDISCLI_AUTH": password} if password else {})},  # not in argv
         )
         if done.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")
