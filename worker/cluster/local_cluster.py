@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 from worker import local_redis
 
@@ -59,6 +60,30 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no replica took over {key}'s slot")
             time.sleep(0.1)
+
+    def move_slot(self, key: str, to: local_redis.LocalRedis) -> None:
+        """Live resharding of `key`'s slot to the master `to`, as `redis-cli --cluster reshard` does it for
+        each slot: IMPORTING / MIGRATING, MIGRATE of its keys in batches, then SETSLOT NODE everywhere."""
+        slot = key_slot(key.encode())
+        source = self.master_of(key)
+        with self.node(source.port) as a, self.node(to.port) as b:
+            a_id, b_id = a.execute_command("CLUSTER", "MYID"), b.execute_command("CLUSTER", "MYID")
+            b.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", a_id)
+            a.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", b_id)
+            while keys := a.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
+                auth = ["AUTH", self.password] if self.password else []
+                a.execute_command("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, *auth, "KEYS", *keys)
+            # The new owner first, then the old one; the other masters learn it too (replicas refuse SETSLOT
+            # and follow their masters).
+            b.execute_command("CLUSTER", "SETSLOT", slot, "NODE", b_id)
+            a.execute_command("CLUSTER", "SETSLOT", slot, "NODE", b_id)
+            for server in self.servers:
+                if server.port not in self.killed and server.port not in (source.port, to.port):
+                    with self.node(server.port) as node:
+                        try:
+                            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", b_id)
+                        except redis.ResponseError:
+                            pass
 
     def wait_ok(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and agrees that every master it knows is alive."""
