@@ -92,7 +92,7 @@ def _following(connection_class: type, pool: MasterPool) -> type:
     """`connection_class` whose replies that redirect make `pool` follow the slot (then raise as a lost
     connection: the connection's place in a MULTI is unknown now, so it is dropped)."""
 
-    class Following(connection_class):  # type: ignore[valid-type, misc]
+    class Following(connection_class):
         def read_response(self, *args, **kwargs):
             try:
                 return super().read_response(*args, **kwargs)

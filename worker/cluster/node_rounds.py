@@ -38,7 +38,8 @@ class NodeRounds:
         by_node: dict[tuple, list[tuple[redis.Redis, Round, Future]]] = {}
         for i, (client, rnd) in enumerate(rounds):
             if len(rnd):
-                futures[i] = future = Future()
+                future: Future = Future()
+                futures[i] = future
                 by_node.setdefault(_address(client), []).append((client, rnd, future))
         for group in by_node.values():
             self._send_group(group)
