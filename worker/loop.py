@@ -55,6 +55,7 @@ class Step(NamedTuple):
     rnd: Round
     nxt: Round
     busy: bool  # the engine has work: step it
+    reads: int  # new jobs asked for in `rnd`
 
 
 class Stepped(NamedTuple):
@@ -154,7 +155,7 @@ class Worker:
             busy = False
         rnd, nxt = self._build_round(self.carry, max_reads), Round()
         self.carry = nxt
-        return Step(rnd, nxt, busy)
+        return Step(rnd, nxt, busy, self._reading)
 
     def step_engine(self, step: Step) -> Stepped:
         deltas = self.engine.step() if step.busy else []

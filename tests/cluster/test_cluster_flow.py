@@ -92,3 +92,16 @@ def test_shards_read_together_never_take_more_than_the_engine_has_room_for(clust
             assert client.collect(job_id, shard, timeout_s=60)[-1]["type"] == "done"
     assert engine.most <= 4
     assert nothing_pending(client)
+
+
+def test_a_shard_with_a_backlog_refills_the_engine_at_once(cluster, client):
+    """48 jobs queued on one shard, room for 8: when a cohort finishes, that shard (its reads come back
+    full) reads the 8 free slots in one round, not 8 / shards of them per step."""
+    engine = FakeEngine(max_num_seqs=8)
+    for i in range(48):
+        client.submit({"id": f"h{i}", "prompt": "x", "max_tokens": 3, "seed": i}, shard=5)
+    with sharded_worker(engine, cluster.url, "w1"):
+        for i in range(48):
+            assert client.collect(f"h{i}", 5, timeout_s=60)[-1]["type"] == "done"
+    assert engine.batch_sizes.count(8) >= len(engine.batch_sizes) // 2, engine.batch_sizes
+    assert nothing_pending(client)

@@ -18,7 +18,6 @@ its pending entries are read again and resumed from the events their output stre
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import structlog
@@ -27,6 +26,7 @@ from redis.cluster import RedisCluster
 from engine.client import EngineClient
 from worker.cluster.connect import MasterPool, ShardMoved, shard_client
 from worker.cluster.node_rounds import NodeRounds
+from worker.cluster.read_shares import read_shares
 from worker.cluster.shard_keys import ShardedKeys
 from worker.cluster.shared_engine import SharedEngine
 from worker.config import WorkerConfig
@@ -60,6 +60,7 @@ class ShardedWorker:
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
         self._next = 0  # the shard ticked first in the next cycle
+        self._hungry = [False] * cfg.shards  # the shard's last read came back full
         # Shards rebuilt after a failover, with the ids of the jobs they aborted: their pending entries are
         # read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
@@ -99,10 +100,7 @@ class ShardedWorker:
         n = len(self.workers)
         order = [(self._next + i) % n for i in range(n)]
         self._next = (self._next + 1) % n
-        # New jobs a shard may read this cycle: an even share of the room, so that rounds built before any
-        # is answered cannot together read more than the engine takes (reads in flight count as
-        # reserved, SharedEngine.reserved). The first shard in the rotating order reads first.
-        share = math.ceil(self.workers[order[0]].room() / n)
+        shares = read_shares(self.workers[order[0]].room(), self._hungry, first=order[0])
         begun: list[tuple[int, Step]] = []
         for k in order:
             if k in self._leaving:
@@ -110,7 +108,7 @@ class ShardedWorker:
                 if k in self._leaving:
                     continue
             try:
-                step = self.workers[k].begin(max_reads=share)
+                step = self.workers[k].begin(max_reads=shares[k])
             except ShardMoved as moved:  # while waiting idle
                 self._rebuild(k, moved)
                 continue
@@ -127,6 +125,9 @@ class ShardedWorker:
                 self.workers[k].finish(step, future, done)
             except ShardMoved as moved:
                 self._rebuild(k, moved)
+                continue
+            if step.reads:  # its stream had as many as it asked for: it probably has more
+                self._hungry[k] = len(self.workers[k].arrived) >= step.reads
 
     def _pool(self, k: int) -> MasterPool:
         pool = self.workers[k].client.connection_pool
