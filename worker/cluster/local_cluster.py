@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,9 +140,11 @@ def start(
     replicas: int = 1,
     node_timeout_ms: int = 1000,
     password: str | None = None,
+    node_args: Callable[[int], list[str]] | None = None,
 ) -> LocalCluster:
     """Start masters * (1 + replicas) servers and join them into one cluster whose state is ok. With a
-    password every node requires it, and replicas use it to sync from their masters (masterauth)."""
+    password every node requires it, and replicas use it to sync from their masters (masterauth).
+    `node_args(port)`: more redis-server arguments for the node on that port (e.g. its TLS port)."""
     folder.mkdir(parents=True, exist_ok=True)
     servers: list[local_redis.LocalRedis] = []
     cluster = LocalCluster(servers, folder, password=password)
@@ -157,6 +160,7 @@ def start(
                 "--dbfilename", f"dump-{port}.rdb",
                 "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not after 5 s
                 *auth,
+                *(node_args(port) if node_args else []),  # e.g. TLS, per node
             ]  # fmt: skip
             servers.append(local_redis.start(port, args, password=password))
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
