@@ -204,9 +204,8 @@ class Worker:
             for arrived in self.arrived:
                 self.admitter.add(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
-        room = 0 if draining or full else self.room()
-        if max_reads is not None:
-            room = min(room, max_reads)
+        free = 0 if draining or full else self.room()
+        room = free if max_reads is None else min(free, max_reads)
         self._reading = room  # until the replies are dispatched
         if room > 0:
             self.reader.add_new(rnd, room, self.arrived)
@@ -215,8 +214,11 @@ class Worker:
             add_renewal(rnd, self.cfg, self.inflight.values())
             self.consumer_lease.add_renewal(rnd)
             self._add_queue_depth(rnd)
-            if room > 0:
-                self.reclaimer.add(rnd, room, self._arrive_reclaimed)
+            # Lapsed leases are claimed up to all the free room, not only this round's read share (every
+            # shard would otherwise take over a dead worker's jobs only when it reads), and not reserved:
+            # shards claiming together may start more than the engine runs at once; the rest waits in it.
+            if free > 0:
+                self.reclaimer.add(rnd, free, self._arrive_reclaimed)
         if self.trimmer.due():
             self.trimmer.add(rnd)
         self.aborter.add_key_check(rnd)
