@@ -35,17 +35,20 @@ def tls_cluster(tmp_path_factory):
     tls_ports: dict[int, int] = {}
 
     def tls_args(port: int) -> list[str]:
-        tls_ports[port] = local_redis.free_port()
+        # With tls-cluster the bus listens on the TLS port + 10000: the pair must be free, the port <= 55535.
+        tls_ports[port] = local_cluster.cluster_port()
         return [
             "--tls-port", str(tls_ports[port]), "--tls-cert-file", certs["server_cert"],
             "--tls-key-file", certs["server_key"], "--tls-ca-cert-file", certs["ca"],
             "--tls-auth-clients", "yes", "--tls-cluster", "yes", "--tls-replication", "yes",
         ]  # fmt: skip
 
-    try:
-        started = local_cluster.start(folder / "cluster", node_args=tls_args)
+    try:  # one plain server with a TLS port first: is redis-server built with TLS?
+        local_redis.start(extra_args=tls_args(0)[:-4]).stop()  # (not a cluster node: no tls-cluster)
     except RuntimeError as exc:
-        pytest.skip(f"no TLS cluster here (redis-server built without TLS?): {exc}")
+        pytest.skip(f"redis-server was not built with TLS support: {exc}")
+    del tls_ports[0]
+    started = local_cluster.start(folder / "cluster", node_args=tls_args)
     url = f"rediss://127.0.0.1:{tls_ports[started.servers[0].port]}"
     yield url, TlsOptions(certs["ca"], certs["cert"], certs["key"]), set(tls_ports.values())
     started.stop()
