@@ -51,7 +51,10 @@ class CancelListener:
                     if message and message.get("type") in (b"message", "message", b"smessage", "smessage"):
                         self._add(message["data"])
                 pubsub.close()
-            except (*DOWN_ERRORS, ShardMoved) as exc:  # ShardMoved: cluster mode, until the worker rebuilt
+            # ShardMoved: cluster mode, until the worker rebuilt. TypeError / AttributeError: in cluster mode
+            # the pool that follows a moved slot closes this connection from another thread, and redis-py
+            # then fails inside its read on the closed socket.
+            except (*DOWN_ERRORS, ShardMoved, TypeError, AttributeError) as exc:
                 delay = backoff.next_delay()
                 log.warning("cancel channel lost, resubscribing", error=str(exc), retry_in_s=delay)
                 self._stop.wait(delay)

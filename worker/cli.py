@@ -80,6 +80,38 @@ def _client(kw: dict, cluster: bool = False):
         raise click.ClickException(f"cannot use the Redis Cluster at --redis-url: {exc}") from exc
 
 
+def cluster_client_options(f):
+    """--cluster, --shards, --replicas: for the commands that submit jobs (submit, batch, demo)."""
+    for decorator in reversed(
+        [
+            opt(
+                "--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)"
+            ),
+            opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards"),
+            opt(
+                "--replicas",
+                type=int,
+                default=0,
+                help="cluster mode: WAIT until this many replicas have a job",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def _queue(kw: dict, keys: Keys, cluster: bool, shards: int, replicas: int):
+    """Where jobs go (worker/job_queue.py): --redis-url's one Redis, or in cluster mode its shards."""
+    from worker.job_queue import SingleQueue
+
+    if not cluster:
+        return SingleQueue(_client(kw), keys)
+    from worker.cluster.client import ClusterClient
+    from worker.cluster.shard_keys import ShardedKeys
+
+    return ClusterClient(_client(kw, cluster=True), ShardedKeys(keys.prefix, shards), replicas=replicas)
+
+
 @click.group(context_settings={"auto_envvar_prefix": "CONVEYOR", "show_default": True})
 def main() -> None:
     """Conveyor: LLM inference workers fed by Redis Streams."""
@@ -167,33 +199,23 @@ def worker(**kw: Any) -> None:
 @opt("--seed", type=int, default=None)
 @opt("--chat", is_flag=True, help="send the prompt as one user message (chat template)")
 @opt("--timeout", type=float, default=300.0)
-@opt("--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)")
-@opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards")
-@opt("--replicas", type=int, default=0, help="cluster mode: WAIT until this many replicas have the job")
+@cluster_client_options
 def submit(
     prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, cluster, shards, replicas, **kw
 ) -> None:
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
 
-    from worker.client import enqueue, events
+    from worker.client import events
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    client = _client(kw, cluster=True) if cluster else _client(kw)
+    queue = _queue(kw, keys, cluster, shards, replicas)
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if seed is not None:
         job["seed"] = seed
-    if cluster:
-        from worker.cluster.client import ClusterClient
-        from worker.cluster.shard_keys import ShardedKeys
-
-        sharded = ClusterClient(client, ShardedKeys(keys.prefix, shards))
-        stream = sharded.events(job["id"], sharded.submit(job, replicas=replicas), timeout_s=timeout)
-    else:
-        enqueue(client, job, keys)
-        stream = events(client, job["id"], keys, timeout_s=timeout)
-    for event in stream:
+    shard = queue.submit(job)
+    for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
         if event["type"] == "token":
             click.echo(event["text"], nl=False)
         elif event["type"] == "done":
@@ -217,11 +239,15 @@ def submit(
 @opt("--jobs", type=int, default=4)
 @opt("--max-tokens", type=int, default=48)
 @opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
-def demo(redis_url: str, jobs: int, max_tokens: int, arch: str) -> None:
-    """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side."""
+@cluster_client_options
+def demo(
+    redis_url: str, jobs: int, max_tokens: int, arch: str, cluster: bool, shards: int, replicas: int
+) -> None:
+    """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side (with
+    --cluster: a Redis Cluster's node at the URL, or a local 3-master cluster started for it)."""
     from worker.demo import run_demo
 
-    run_demo(redis_url, jobs, max_tokens, arch)
+    run_demo(redis_url, jobs, max_tokens, arch, cluster=cluster, shards=shards, replicas=replicas)
 
 
 @main.command("make-tiny-model")
@@ -291,13 +317,24 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
 @opt("--errors-file", default=None, type=click.Path(dir_okay=False), help="also append failed lines here")
 @opt("--max-in-flight", type=int, default=256, help="jobs enqueued and not yet answered, at most")
 @opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
-def batch_cmd(input_path: str, output_path: str, errors_file, max_in_flight: int, progress, **kw) -> None:
+@cluster_client_options
+def batch_cmd(
+    input_path: str,
+    output_path: str,
+    errors_file,
+    max_in_flight: int,
+    progress,
+    cluster,
+    shards,
+    replicas,
+    **kw,
+) -> None:
     """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
     from worker.batch.runner import BatchRunner
-    from worker.keys import Keys
 
-    keys = Keys(kw.pop("prefix"), kw.pop("stream"))
-    runner = BatchRunner(_client(kw), keys, max_in_flight=max_in_flight, progress=progress)
+    keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
+    queue = _queue(kw, keys, cluster, shards, replicas)
+    runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress)
     s = runner.run(input_path, output_path, errors_file)
     click.echo(
         f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "

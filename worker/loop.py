@@ -19,11 +19,13 @@ import gc
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import redis
 import structlog
 
 from engine.client import EngineClient
+from engine.outputs import StepDelta
 from worker.aborts import Aborter
 from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
@@ -44,6 +46,22 @@ from worker.trim import Trimmer
 
 log = structlog.get_logger("conveyor.worker")
 _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
+
+
+class Step(NamedTuple):
+    """One tick's rounds: `rnd` is sent now; `nxt`, built next, takes its replies' follow-ups and the
+    step's events."""
+
+    rnd: Round
+    nxt: Round
+    busy: bool  # the engine has work: step it
+    reads: int  # new jobs asked for in `rnd`
+
+
+class Stepped(NamedTuple):
+    deltas: list[StepDelta]
+    at: float  # time.perf_counter() when they were sampled
+    wall: float  # time.time() then
 
 
 class Worker:
@@ -77,6 +95,7 @@ class Worker:
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
         self.backoff = Backoff()
         self._admitting = 0  # jobs whose admission commands are in flight
+        self._reading = 0  # new jobs asked for in the round in flight
         self._last_heartbeat = time.monotonic()
         self._started = False
         self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
@@ -107,34 +126,56 @@ class Worker:
             self._redis_lost = True
             log.warning("stopping while Redis is unavailable or full", error=str(exc))
         finally:
-            self._shutdown()
+            self.shutdown()
 
     def tick(self) -> None:
         """One pass of the loop: a step with its round, or an idle wait. Tests drive workers with it."""
+        step = self.begin()
+        if step is None:
+            return
+        sent = self._send(step.rnd)
+        # Redis applies the round while the engine computes; replies are read on the I/O thread.
+        future = self.io.submit(step.rnd.receive, sent) if sent is not None else None
+        self.finish(step, future, self.step_engine(step))
+
+    # A tick in three parts, so that a sharded worker can send every shard's round of a cycle to each
+    # Redis node in one write (worker/cluster/sharded_worker.py): begin, send, step_engine, finish.
+    def begin(self, max_reads: int | None = None) -> Step | None:
+        """Apply signals, then either wait idle for jobs (returns None) or build this step's round. At
+        most `max_reads` new jobs are read in it (default: as many as there is room for)."""
         self.aborter.apply_signals()
         busy = self.engine.has_unfinished_requests()
         if not busy and not (self.inflight or self.arrived or len(self.carry) or self._heartbeat_due()):
             self._wait_for_jobs()
-            return
+            return None
         if self.health.is_full:
             # Hold: no step (its events would pile up in memory), no new reads; after a back-off, send
             # again what is owed (the refused events, in order, and refused admissions).
             self.stop.sleep(self.backoff.next_delay())
             busy = False
-        rnd, nxt = self._build_round(self.carry), Round()
+        rnd, nxt = self._build_round(self.carry, max_reads), Round()
         self.carry = nxt
-        sent = self._send(rnd)
-        # Redis applies the round while the engine computes; replies are read on the I/O thread.
-        future = self.io.submit(rnd.receive, sent) if sent is not None else None
-        deltas = self.engine.step() if busy else []
-        sampled_at, sampled_wall = time.perf_counter(), time.time()
+        return Step(rnd, nxt, busy, self._reading)
+
+    def step_engine(self, step: Step) -> Stepped:
+        deltas = self.engine.step() if step.busy else []
+        return Stepped(deltas, time.perf_counter(), time.time())
+
+    def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
+        """The round's replies (from `future`: None when nothing was sent) into the next round, then the
+        step's events."""
         self._refused_for_memory = False
-        rnd.dispatch(self._results(rnd, future), nxt)
+        step.rnd.dispatch(self._results(step.rnd, future), step.nxt)
+        self._reading = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
             self.backoff.reset()
-        self._publish(deltas, nxt, sampled_at, sampled_wall)
-        self.observer.stepped(sum(len(d.new_token_ids) for d in deltas), self.engine)
+        self._publish(stepped.deltas, step.nxt, stepped.at, stepped.wall)
+        self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine)
+
+    def reserved(self) -> int:
+        """Jobs read or being read and not yet added to the engine: room the engine has that is taken."""
+        return self._admitting + len(self.arrived) + self._reading
 
     def start(self) -> None:
         # The model and tokenizer are millions of long-lived objects: a full collection walking them
@@ -154,7 +195,7 @@ class Worker:
             pending_resumed=len(self.arrived),
         )
 
-    def _build_round(self, rnd: Round) -> Round:
+    def _build_round(self, rnd: Round, max_reads: int | None = None) -> Round:
         draining, full = self.stop.warm.is_set(), self.health.is_full
         self._admitting = 0
         if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
@@ -163,7 +204,9 @@ class Worker:
             for arrived in self.arrived:
                 self.admitter.add(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
-        room = 0 if draining or full else self._room()
+        free = 0 if draining or full else self.room()
+        room = free if max_reads is None else min(free, max_reads)
+        self._reading = room  # until the replies are dispatched
         if room > 0:
             self.reader.add_new(rnd, room, self.arrived)
         if self._heartbeat_due():
@@ -171,8 +214,11 @@ class Worker:
             add_renewal(rnd, self.cfg, self.inflight.values())
             self.consumer_lease.add_renewal(rnd)
             self._add_queue_depth(rnd)
-            if room > 0:
-                self.reclaimer.add(rnd, room, self._arrive_reclaimed)
+            # Lapsed leases are claimed up to all the free room, not only this round's read share (every
+            # shard would otherwise take over a dead worker's jobs only when it reads), and not reserved:
+            # shards claiming together may start more than the engine runs at once; the rest waits in it.
+            if free > 0:
+                self.reclaimer.add(rnd, free, self._arrive_reclaimed)
         if self.trimmer.due():
             self.trimmer.add(rnd)
         self.aborter.add_key_check(rnd)
@@ -221,7 +267,7 @@ class Worker:
         self._full(str(error))
 
     # ---- intake ---------------------------------------------------------------------------------------
-    def _room(self) -> int:
+    def room(self) -> int:
         """Jobs this worker can start now: free sequence slots, and KV blocks at the current per-job use."""
         stats = self.engine.stats()
         if stats.num_waiting > 0:
@@ -236,7 +282,7 @@ class Worker:
         self.arrived.extend(arrived)
 
     def _wait_for_jobs(self) -> None:
-        room = self._room()
+        room = self.room()
         if room <= 0 or self.stop.warm.is_set():
             self.stop.cold.wait(0.01)
             return
@@ -278,7 +324,28 @@ class Worker:
         self.publisher.add(into, plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------
-    def _shutdown(self) -> None:
+    def forget_jobs(self) -> set[str]:
+        """Redis lost this worker's last writes (its master failed over): forget every job and all that is
+        owed to Redis, since the new master's state is the truth now, aborting the jobs in the engine
+        (nothing is written for them). Returns the ids the engine still had: call `resume_pending()` once
+        they have left it, as a worker restarted under the same name would."""
+        aborted = {job.job_id for job in self.inflight.values() if self.engine.abort(job.job_id)}
+        self.inflight.clear()
+        self.arrived, self.carry, self._admitting, self._reading = [], Round(), 0, 0
+        self.backoff.reset()
+        for script in (self.publisher.script, self.trimmer.script, self.consumer_lease.script):
+            script.loaded = False  # the new master may not have them
+        return aborted
+
+    def resume_pending(self) -> None:
+        """Take up this consumer's pending entries again (after forget_jobs)."""
+        self.reader.ensure_group()
+        self.arrived.extend(self.reader.own_pending())
+
+    def shutdown(self, redis_lost: bool = False) -> None:
+        """Write what is owed and release the jobs left (unless Redis is lost: then write nothing more).
+        Safe on a worker that never started."""
+        self._redis_lost = self._redis_lost or redis_lost
         left = [j for j in self.inflight.values() if not j.dropped]
         # Events already produced are written; unfinished jobs stay unacknowledged for another worker,
         # and their owner keys go so it need not wait for them to expire.

@@ -83,40 +83,50 @@ class Round:
     def send(self, client: redis.Redis) -> Sent:
         connection = client.connection_pool.get_connection()
         try:
-            commands = [_MULTI, *(_split_name(args) for args, _ in self.stack), _EXEC]
-            if pack_command is not None:
-                connection.send_packed_command([b"".join(map(pack_command, commands))])
-            else:
-                connection.send_packed_command(connection.pack_commands(commands))
+            connection.send_packed_command(self.packed(connection))
         except BaseException:
             self._fail(client, connection)
             raise
         return Sent(client, connection)
+
+    def packed(self, connection) -> list[bytes]:
+        """MULTI, the commands, EXEC: the chunks to write to `connection`. Several rounds' chunks may share
+        one write to one connection (worker/cluster/node_rounds.py): each stays its own transaction."""
+        commands = [_MULTI, *(_split_name(args) for args, _ in self.stack), _EXEC]
+        if pack_command is not None:
+            return [b"".join(map(pack_command, commands))]
+        return connection.pack_commands(commands)
 
     def receive(self, sent: Sent) -> list[Any]:
         """The replies, one per command. Per-command errors (a wrong-type key a client created, an id
         conflict) come back as exception values, so one bad key cannot fail the whole step."""
         client, connection = sent.client, sent.connection
         try:
-            connection.read_response()  # +OK for MULTI
-            queued: list[redis.ResponseError | None] = []
-            for _ in self.stack:
-                try:
-                    connection.read_response()  # +QUEUED
-                    queued.append(None)
-                except redis.ResponseError as exc:  # refused before running (e.g. wrong arity)
-                    queued.append(exc)
-            try:
-                replies = connection.read_response()
-                self.answered_at = time.perf_counter()
-            except redis.exceptions.ExecAbortError as abort:
-                # Nothing ran. The first refusal says why (OOM: Redis is full); the abort stays its cause.
-                raise next((e for e in queued if e is not None), abort) from abort
+            results = self.read(connection, client.response_callbacks)
         except BaseException:
             self._fail(client, connection)
             raise
         client.connection_pool.release(connection)
-        callbacks = client.response_callbacks
+        return results
+
+    def read(self, connection, callbacks) -> list[Any]:
+        """Read this round's replies from `connection` and parse them with redis-py's `callbacks`. When
+        EXEC was refused (nothing ran) the error is raised after EXEC's reply was read; any other error
+        leaves the connection in an unknown state."""
+        connection.read_response()  # +OK for MULTI
+        queued: list[redis.ResponseError | None] = []
+        for _ in self.stack:
+            try:
+                connection.read_response()  # +QUEUED
+                queued.append(None)
+            except redis.ResponseError as exc:  # refused before running (e.g. wrong arity)
+                queued.append(exc)
+        try:
+            replies = connection.read_response()
+            self.answered_at = time.perf_counter()
+        except redis.exceptions.ExecAbortError as abort:
+            # Nothing ran. The first refusal says why (OOM: Redis is full); the abort stays its cause.
+            raise next((e for e in queued if e is not None), abort) from abort
         results = []
         for (args, options), reply in zip(self.stack, replies, strict=True):
             name = args[0]

@@ -63,3 +63,45 @@ def test_no_shard_waits_behind_another_when_room_is_short(cluster, client):
     first = [job_id.split("-")[0] for job_id in engine.started[:SHARDS]]
     assert len(set(first)) >= 6, engine.started
     assert nothing_pending(client)
+
+
+class CountingEngine(FakeEngine):
+    """Records the most requests it ever held at once."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.most = 0
+
+    def add_request(self, request_id, prompt, params=None, **kw):
+        result = super().add_request(request_id, prompt, params, **kw)
+        self.most = max(self.most, len({s.request_id for s in self.samples}))
+        return result
+
+
+def test_shards_read_together_never_take_more_than_the_engine_has_room_for(cluster, client):
+    """Every shard's round of a cycle is built before any is answered: the reads in flight count as taken
+    room, so eight shards with queued jobs do not read 8 x the free slots between them."""
+    engine = CountingEngine(max_num_seqs=4)
+    placed = {}
+    for i in range(48):  # all queued before the worker starts: every shard has more than the room
+        placed[f"r{i}"] = client.submit(
+            {"id": f"r{i}", "prompt": "x", "max_tokens": 2 + i % 7}, shard=i % SHARDS
+        )
+    with sharded_worker(engine, cluster.url, "w1"):
+        for job_id, shard in placed.items():
+            assert client.collect(job_id, shard, timeout_s=60)[-1]["type"] == "done"
+    assert engine.most <= 4
+    assert nothing_pending(client)
+
+
+def test_a_shard_with_a_backlog_refills_the_engine_at_once(cluster, client):
+    """48 jobs queued on one shard, room for 8: when a cohort finishes, that shard (its reads come back
+    full) reads the 8 free slots in one round, not 8 / shards of them per step."""
+    engine = FakeEngine(max_num_seqs=8)
+    for i in range(48):
+        client.submit({"id": f"h{i}", "prompt": "x", "max_tokens": 3, "seed": i}, shard=5)
+    with sharded_worker(engine, cluster.url, "w1"):
+        for i in range(48):
+            assert client.collect(f"h{i}", 5, timeout_s=60)[-1]["type"] == "done"
+    assert engine.batch_sizes.count(8) >= len(engine.batch_sizes) // 2, engine.batch_sizes
+    assert nothing_pending(client)

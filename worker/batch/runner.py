@@ -3,7 +3,8 @@
     input line ─▶ parse ─▶ XADD job ─▶ (≤ max_in_flight) ─▶ XREAD out:<id> … ─▶ terminal event ─▶ output line
 
 Memory: the jobs in flight plus the set of custom_ids seen (needed to refuse duplicates and to resume);
-lines are read and written one at a time. Job ids are derived from the line, so a rerun after a crash
+lines are read and written one at a time. The queue is one Redis or a Redis Cluster's shards
+(worker/job_queue.py): in a cluster each job goes to its shard and its events are read there. Job ids are derived from the line, so a rerun after a crash
 re-enqueues the same ids: the workers deduplicate them and the runner reads the events of the run it lost.
 """
 
@@ -12,23 +13,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
-
-import redis
+from typing import IO
 
 from worker.batch.openai_input import BatchRequest, LineError, parse_custom_id, parse_line
 from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import from_event, line_error
 from worker.batch.progress import Progress
 from worker.batch.resume import DUPLICATE, read_answered
-from worker.client import enqueue
-from worker.keys import EVENT_FIELD, Keys
+from worker.job_queue import Cursor, JobQueue, read_outputs
+from worker.keys import EVENT_FIELD
 
 
 @dataclass
 class _InFlight:
     request: BatchRequest
-    last_id: bytes = b"0"
+    cursor: Cursor
     # Per sample, when the line asked for logprobs: gathered from the token events (the done event has none).
     logprobs: dict[int, SampleLogprobs] | None = None
 
@@ -45,15 +44,14 @@ class BatchSummary:
 class BatchRunner:
     def __init__(
         self,
-        client: redis.Redis,
-        keys: Keys,
+        queue: JobQueue,
         max_in_flight: int = 256,
         block_ms: int = 1000,
         progress: bool | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
-        self.client, self.keys = client, keys
+        self.queue = queue
         self.max_in_flight, self.block_ms, self.progress = max_in_flight, block_ms, progress
 
     def run(self, input_path: str, output_path: str, errors_path: str | None = None) -> BatchSummary:
@@ -87,10 +85,10 @@ class BatchRunner:
                     continue
                 while len(inflight) >= self.max_in_flight:
                     self._collect(inflight)
-                enqueue(self.client, request.job, self.keys)
+                shard = self.queue.submit(request.job)
                 wants = request.job.get("logprobs") is not None
-                inflight[self.keys.out(request.job["id"])] = _InFlight(
-                    request, logprobs={} if wants else None
+                inflight[self.queue.keys(shard).out(request.job["id"])] = _InFlight(
+                    request, Cursor(shard), logprobs={} if wants else None
                 )
             while inflight:
                 self._collect(inflight)
@@ -99,17 +97,13 @@ class BatchRunner:
 
     def _collect(self, inflight: dict[str, _InFlight]) -> None:
         """Read what the in-flight jobs' streams gained (blocking up to block_ms); write finished jobs."""
-        # Any: redis-py types replies for both decode modes; this client's are bytes (worker.connection).
-        reply: Any = self.client.xread(
-            {k: p.last_id for k, p in inflight.items()}, block=self.block_ms, count=256
-        )
-        for key, entries in reply or []:
-            key = key.decode() if isinstance(key, bytes) else key
+        found = read_outputs(self.queue, {k: p.cursor for k, p in inflight.items()}, self.block_ms)
+        for key, entries in found:
             pending = inflight.get(key)
             if pending is None:
                 continue
             for entry_id, fields in entries:
-                pending.last_id = entry_id
+                pending.cursor.last_id = entry_id
                 event = json.loads(fields[EVENT_FIELD])
                 if event.get("type") == "token" and pending.logprobs is not None:
                     pending.logprobs.setdefault(event.get("sample", 0), SampleLogprobs()).add(event)

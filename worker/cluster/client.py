@@ -17,7 +17,7 @@ from redis.cluster import RedisCluster
 from worker import client as single
 from worker.cluster.connect import shard_client
 from worker.cluster.shard_keys import ShardedKeys
-from worker.keys import JOB_FIELD
+from worker.keys import JOB_FIELD, Keys
 
 
 class NotReplicated(RuntimeError):
@@ -29,9 +29,19 @@ def shard_for(job_id: str, shards: int) -> int:
 
 
 class ClusterClient:
-    def __init__(self, cluster: RedisCluster, sharded: ShardedKeys | None = None) -> None:
+    """Also a worker.job_queue.JobQueue (for `conveyor batch` and `conveyor demo`)."""
+
+    def __init__(self, cluster: RedisCluster, sharded: ShardedKeys | None = None, replicas: int = 0) -> None:
         self.cluster, self.sharded = cluster, sharded or ShardedKeys()
+        self.replicas = replicas  # submit()'s default
         self._clients: dict[int, redis.Redis] = {}
+
+    @property
+    def shards(self) -> int:
+        return self.sharded.shards
+
+    def keys(self, shard: int) -> Keys:
+        return self.sharded.shard(shard)
 
     def node(self, shard: int) -> redis.Redis:
         """A client on the master of the shard's slot (it follows a failover)."""
@@ -39,9 +49,13 @@ class ClusterClient:
             self._clients[shard] = shard_client(self.cluster, self.sharded.shard(shard).requests)
         return self._clients[shard]
 
-    def submit(self, job: dict, shard: int | None = None, replicas: int = 0, wait_ms: int = 1000) -> int:
-        """XADD the job to its shard's request stream; with replicas > 0 also WAIT for that many replicas to
-        have it (raises NotReplicated when they did not within wait_ms). Returns the shard."""
+    def submit(
+        self, job: dict, shard: int | None = None, replicas: int | None = None, wait_ms: int = 1000
+    ) -> int:
+        """XADD the job to its shard's request stream; with replicas > 0 (default: self.replicas) also WAIT
+        for that many replicas to have it (raises NotReplicated when they did not within wait_ms). Returns
+        the shard."""
+        replicas = self.replicas if replicas is None else replicas
         k = shard_for(str(job["id"]), self.sharded.shards) if shard is None else shard
         pipe = self.node(k).pipeline(transaction=False)  # one connection: WAIT covers this XADD
         pipe.xadd(self.sharded.shard(k).requests, {JOB_FIELD: json.dumps(job)})

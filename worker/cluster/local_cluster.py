@@ -3,13 +3,16 @@ server a LocalRedis stopped by its PID, created with `redis-cli --cluster create
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 from worker import local_redis
 
@@ -19,20 +22,22 @@ class LocalCluster:
     servers: list[local_redis.LocalRedis]
     folder: Path
     killed: set[int] = field(default_factory=set)  # ports of servers killed on purpose
+    password: str | None = None  # every node's requirepass (and masterauth)
 
     @property
     def url(self) -> str:
         """Any live node: the cluster client finds the others from it."""
         live = next(s for s in self.servers if s.port not in self.killed)
-        return f"redis://127.0.0.1:{live.port}"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{live.port}"
 
     def node(self, port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=port, password=self.password, socket_timeout=5)
 
     def master_of(self, key: str) -> local_redis.LocalRedis:
         """The server owning `key`'s slot now (asked of a live node)."""
         port = next(s.port for s in self.servers if s.port not in self.killed)
-        with redis.cluster.RedisCluster(host="127.0.0.1", port=port) as client:
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=port, password=self.password) as client:
             node = client.get_node_from_key(key)
         return next(s for s in self.servers if s.port == node.port)
 
@@ -56,6 +61,30 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no replica took over {key}'s slot")
             time.sleep(0.1)
+
+    def move_slot(self, key: str, to: local_redis.LocalRedis) -> None:
+        """Live resharding of `key`'s slot to the master `to`, as `redis-cli --cluster reshard` does it for
+        each slot: IMPORTING / MIGRATING, MIGRATE of its keys in batches, then SETSLOT NODE everywhere."""
+        slot = key_slot(key.encode())
+        source = self.master_of(key)
+        with self.node(source.port) as a, self.node(to.port) as b:
+            a_id, b_id = a.execute_command("CLUSTER", "MYID"), b.execute_command("CLUSTER", "MYID")
+            b.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", a_id)
+            a.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", b_id)
+            while keys := a.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
+                auth = ["AUTH", self.password] if self.password else []
+                a.execute_command("MIGRATE", "127.0.0.1", to.port, "", 0, 5000, *auth, "KEYS", *keys)
+            # The new owner first, then the old one; the other masters learn it too (replicas refuse SETSLOT
+            # and follow their masters).
+            b.execute_command("CLUSTER", "SETSLOT", slot, "NODE", b_id)
+            a.execute_command("CLUSTER", "SETSLOT", slot, "NODE", b_id)
+            for server in self.servers:
+                if server.port not in self.killed and server.port not in (source.port, to.port):
+                    with self.node(server.port) as node:
+                        try:
+                            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", b_id)
+                        except redis.ResponseError:
+                            pass
 
     def wait_ok(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and agrees that every master it knows is alive."""
@@ -105,11 +134,21 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> LocalCluster:
-    """Start masters * (1 + replicas) servers and join them into one cluster whose state is ok."""
+def start(
+    folder: Path,
+    masters: int = 3,
+    replicas: int = 1,
+    node_timeout_ms: int = 1000,
+    password: str | None = None,
+    node_args: Callable[[int], list[str]] | None = None,
+) -> LocalCluster:
+    """Start masters * (1 + replicas) servers and join them into one cluster whose state is ok. With a
+    password every node requires it, and replicas use it to sync from their masters (masterauth).
+    `node_args(port)`: more redis-server arguments for the node on that port (e.g. its TLS port)."""
     folder.mkdir(parents=True, exist_ok=True)
     servers: list[local_redis.LocalRedis] = []
-    cluster = LocalCluster(servers, folder)
+    cluster = LocalCluster(servers, folder, password=password)
+    auth = ["--masterauth", password] if password else []
     try:
         for _ in range(masters * (1 + replicas)):
             port = cluster_port()
@@ -120,8 +159,10 @@ def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: in
                 "--dir", str(folder),
                 "--dbfilename", f"dump-{port}.rdb",
                 "--repl-diskless-sync-delay", "0",  # a replica syncs at once, not after 5 s
+                *auth,
+                *(node_args(port) if node_args else []),  # e.g. TLS, per node
             ]  # fmt: skip
-            servers.append(local_redis.start(port, args))
+            servers.append(local_redis.start(port, args, password=password))
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
         done = subprocess.run(
             [
@@ -136,6 +177,7 @@ def start(folder: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: in
             capture_output=True,
             text=True,
             timeout=60,
+            env={**os.environ, **({"REDISCLI_AUTH": password} if password else {})},  # not in argv
         )
         if done.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")

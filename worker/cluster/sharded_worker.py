@@ -3,10 +3,12 @@
 Each shard's Worker is the single-Redis worker unchanged, with its shard's keys (protocol version 2) and a
 client on the master holding the shard's slot (connect.py): its consumer group, leases, XAUTOCLAIM
 takeover, dead letters, trimming and cancel channel are per shard, and every MULTI/EXEC and script stays
-in one slot. The loop ticks the shards' workers in a rotating order, so the shard read first (when the
-engine has room for fewer jobs than are queued) changes every cycle and no shard starves. While the
-engine has work each shard's worker does a non-blocking round per step; while it is idle each blocks on
-its own stream for block_ms / shards, so the whole cycle waits about block_ms.
+in one slot. A cycle drives the shards' workers through a tick's parts (Worker.begin, step_engine,
+finish) in a rotating order, so the shard read first (when the engine has room for fewer jobs than are
+queued) changes every cycle and no shard starves; the rounds they built go out with one write per Redis
+node (node_rounds.py), not one per shard. While the engine has work each shard's worker does a
+non-blocking round per step; while it is idle each blocks on its own stream for block_ms / shards, so
+the whole cycle waits about block_ms.
 
 When a shard's master fails and a replica takes over, the writes this worker made last (events, acks) may
 not have reached the replica. The shard's worker then forgets its jobs (aborted in the engine, nothing
@@ -23,13 +25,14 @@ from redis.cluster import RedisCluster
 
 from engine.client import EngineClient
 from worker.cluster.connect import MasterPool, ShardMoved, shard_client
+from worker.cluster.node_rounds import NodeRounds
+from worker.cluster.read_shares import read_shares
 from worker.cluster.shard_keys import ShardedKeys
 from worker.cluster.shared_engine import SharedEngine
 from worker.config import WorkerConfig
-from worker.loop import Worker
+from worker.loop import Step, Worker
 from worker.metrics import Metrics
 from worker.observer import Observer
-from worker.round import Round
 from worker.stop import StopFlag, StopRequested
 
 log = structlog.get_logger("conveyor.worker")
@@ -54,8 +57,10 @@ class ShardedWorker:
             shard_cfg = replace(cfg, keys=keys, cluster=True, block_ms=per_shard_block)
             client = shard_client(cluster, keys.requests, fence_moves=True)
             self.workers.append(Worker(self.shared.views[k], client, shard_cfg, self.observer, self.stop))
-        self.shared.reserved = lambda k: self.workers[k]._admitting + len(self.workers[k].arrived)
+        self.shared.reserved = lambda k: self.workers[k].reserved()
+        self.nodes = NodeRounds()
         self._next = 0  # the shard ticked first in the next cycle
+        self._hungry = [False] * cfg.shards  # the shard's last read came back full
         # Shards rebuilt after a failover, with the ids of the jobs they aborted: their pending entries are
         # read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
@@ -66,6 +71,7 @@ class ShardedWorker:
 
     def run(self) -> None:
         started: list[Worker] = []
+        redis_lost = False
         try:
             for worker in self.workers:
                 started.append(worker)
@@ -77,51 +83,62 @@ class ShardedWorker:
                 self.tick()
         except StopRequested as exc:
             log.warning("stopping while Redis is unavailable or full", error=str(exc))
-            for worker in self.workers:
-                worker._redis_lost = True
+            redis_lost = True
         finally:
+            self.nodes.close()
             for worker in self.workers:
-                if worker in started:
-                    try:
-                        worker._shutdown()
-                    except ShardMoved:  # jobs left pending on the new master, for whoever reads them
-                        log.warning("shard moved while stopping", stream=worker.cfg.keys.requests)
-                else:
-                    worker.io.shutdown(wait=True)
+                try:
+                    # A worker never started writes nothing; one whose Redis is lost writes nothing more.
+                    worker.shutdown(redis_lost=redis_lost or worker not in started)
+                except ShardMoved:  # jobs left pending on the new master, for whoever reads them
+                    log.warning("shard moved while stopping", stream=worker.cfg.keys.requests)
 
     def tick(self) -> None:
-        """One cycle: at most one engine step, and one tick of every shard's worker."""
+        """One cycle: every shard's round built, sent with one write per node, at most one engine step,
+        then each shard's replies and events handled."""
         self.shared.new_cycle()
         n = len(self.workers)
-        for i in range(n):
-            k = (self._next + i) % n
-            worker = self.workers[k]
+        order = [(self._next + i) % n for i in range(n)]
+        self._next = (self._next + 1) % n
+        shares = read_shares(self.workers[order[0]].room(), self._hungry, first=order[0])
+        begun: list[tuple[int, Step]] = []
+        for k in order:
             if k in self._leaving:
                 self._resume_when_left(k)
                 if k in self._leaving:
                     continue
             try:
-                worker.tick()
+                step = self.workers[k].begin(max_reads=shares[k])
+            except ShardMoved as moved:  # while waiting idle
+                self._rebuild(k, moved)
+                continue
+            if step is None:
+                continue
+            if self._pool(k).moved:  # nothing goes to the new master before the shard forgot its jobs
+                self._rebuild(k, ShardMoved(f"shard {k}'s slot moved"))
+                continue
+            begun.append((k, step))
+        futures = self.nodes.send([(self.workers[k].client, step.rnd) for k, step in begun])
+        stepped = [self.workers[k].step_engine(step) for k, step in begun]
+        for (k, step), future, done in zip(begun, futures, stepped, strict=True):
+            try:
+                self.workers[k].finish(step, future, done)
             except ShardMoved as moved:
                 self._rebuild(k, moved)
-        self._next = (self._next + 1) % n
+                continue
+            if step.reads:  # its stream had as many as it asked for: it probably has more
+                self._hungry[k] = len(self.workers[k].arrived) >= step.reads
+
+    def _pool(self, k: int) -> MasterPool:
+        pool = self.workers[k].client.connection_pool
+        assert isinstance(pool, MasterPool)
+        return pool
 
     def _rebuild(self, k: int, moved: ShardMoved) -> None:
         """Forget shard k's jobs (the new master's state is the truth now) and accept the new master."""
-        worker = self.workers[k]
         log.warning("shard failed over: restarting its jobs from the new master", shard=k, error=str(moved))
-        leaving = set()
-        for job in worker.inflight.values():
-            if self.shared.engine.abort(job.job_id):
-                leaving.add(job.job_id)
-        worker.inflight.clear()
-        worker.arrived, worker.carry, worker._admitting = [], Round(), 0
-        worker.backoff.reset()
-        for script in (worker.publisher.script, worker.trimmer.script, worker.consumer_lease.script):
-            script.loaded = False  # the new master may not have them
-        pool = worker.client.connection_pool
-        assert isinstance(pool, MasterPool)
-        pool.accept_move()
+        leaving = self.workers[k].forget_jobs()
+        self._pool(k).accept_move()
         self._leaving[k] = leaving
         self._resume_when_left(k)
 
@@ -133,10 +150,8 @@ class ShardedWorker:
         # same ids admitted again.
         leaving = self._leaving.pop(k)
         self.shared.buckets[k] = [d for d in self.shared.buckets[k] if d.request_id not in leaving]
-        worker = self.workers[k]
         try:
-            worker.reader.ensure_group()
-            worker.arrived.extend(worker.reader.own_pending())
+            self.workers[k].resume_pending()
         except ShardMoved as moved:  # moved again meanwhile
             self._rebuild(k, moved)
 

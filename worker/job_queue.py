@@ -1,0 +1,92 @@
+"""Where a client submits jobs and reads their events: one Redis (protocol version 1) or the shards of a
+Redis Cluster (version 2, worker/cluster/client.py's ClusterClient), behind one small interface so that
+`conveyor batch` and `conveyor demo` run unchanged on either.
+
+`read_outputs` follows many jobs' output streams at once. On one Redis that is one XREAD over all of them;
+in a cluster the streams of different shards live on different nodes (a multi-key XREAD must stay in one
+slot), so it reads every shard without blocking, and only when nothing came anywhere does it block, on
+one shard at a time for a share of block_ms, so a quiet call still waits about block_ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+
+from worker.client import enqueue
+from worker.keys import Keys
+
+
+class JobQueue(Protocol):
+    @property
+    def shards(self) -> int: ...
+
+    def submit(self, job: dict) -> int:
+        """Queue the job; returns the shard whose output stream will hold its events."""
+        ...
+
+    def keys(self, shard: int) -> Keys: ...
+
+    def node(self, shard: int) -> redis.Redis:
+        """A client for the shard's keys (XREAD of its output streams)."""
+        ...
+
+
+class SingleQueue:
+    """One Redis: a single shard, 0, named as protocol version 1 names it."""
+
+    shards = 1
+
+    def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
+        self.client, self._keys = client, keys or Keys()
+
+    def submit(self, job: dict) -> int:
+        enqueue(self.client, job, self._keys)
+        return 0
+
+    def keys(self, shard: int) -> Keys:
+        return self._keys
+
+    def node(self, shard: int) -> redis.Redis:
+        return self.client
+
+
+@dataclass
+class Cursor:
+    """Where reading one job's output stream stands."""
+
+    shard: int
+    last_id: bytes = b"0"
+
+
+def read_outputs(
+    queue: JobQueue, cursors: dict[str, Cursor], block_ms: int, count: int = 256
+) -> list[tuple[str, list[tuple[bytes, dict]]]]:
+    """New entries of the streams named in `cursors` (output stream name -> Cursor): a list of
+    (stream name, [(entry id, fields)]). Moves no cursor: the caller does, as it handles entries."""
+    by_shard: dict[int, dict[str, bytes]] = {}
+    for name, cursor in cursors.items():
+        by_shard.setdefault(cursor.shard, {})[name] = cursor.last_id
+    if len(by_shard) == 1:  # one node: one read, blocking
+        ((shard, streams),) = by_shard.items()
+        return _read(queue.node(shard), streams, block_ms, count)
+    found = [
+        hit for shard, streams in by_shard.items() for hit in _read(queue.node(shard), streams, None, count)
+    ]
+    if found:
+        return found
+    share = max(1, block_ms // len(by_shard))
+    for shard, streams in by_shard.items():
+        if found := _read(queue.node(shard), streams, share, count):
+            return found
+    return []
+
+
+def _read(
+    client: redis.Redis, streams: dict[str, bytes], block_ms: int | None, count: int
+) -> list[tuple[str, list[tuple[bytes, dict]]]]:
+    # Any: redis-py types replies for both decode modes; these clients' are bytes (worker.connection).
+    reply: Any = client.xread(streams, block=block_ms, count=count)  # type: ignore[arg-type]
+    return [(k.decode() if isinstance(k, bytes) else k, entries) for k, entries in reply or []]
