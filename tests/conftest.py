@@ -58,3 +58,25 @@ def tiny_model(tiny_model_dir) -> str:
     """The real engine's tiny random Llama checkpoint, as a path string (what the worker tests pass around)."""
     pytest.importorskip("torch")
     return str(tiny_model_dir("llama"))
+
+
+@pytest.fixture(autouse=True)
+def uncached_logging(monkeypatch):
+    """In-process CLI runs (tests/worker, tests/cluster) configure structlog with cached loggers, which
+    would keep any later test's `structlog.testing.capture_logs()` from seeing anything: run them
+    uncached, and reset after every test."""
+    import structlog
+
+    from worker import logs
+
+    configure = logs.configure
+
+    def configure_uncached(*args, **kwargs) -> None:
+        configure(*args, **kwargs)
+        structlog.configure(cache_logger_on_first_use=False)
+
+    monkeypatch.setattr(logs, "configure", configure_uncached)
+    # Background workers of CLI tests log to stderr, as the CLI does, not into the stdout under test.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    yield
+    structlog.reset_defaults()
