@@ -67,20 +67,12 @@ def schema_variant(i: int) -> str:
 
 def bpe_32k():
     """A 32000-token byte-level BPE trained on the standard library's sources (real merges, not padding)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    from engine.tiny_model import train_byte_level_bpe
+
     files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:150]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=32000,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train(files, trainer)
+    tok = train_byte_level_bpe(32000, ["<s>", "</s>"], files=files)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 

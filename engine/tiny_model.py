@@ -8,12 +8,16 @@ rows are zero, so a random model never picks them greedily (tests stop on eos wi
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.models.registry import TINY_ARCHS
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 ARCHS = TINY_ARCHS  # every architecture the engine runs has a tiny model
 # Families whose transformers config has a sliding window (transformers' LlamaForCausalLM has none).
@@ -49,20 +53,37 @@ Birds migrate south for the winter, following ancient routes across mountains, d
 """
 
 
-def _train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def train_byte_level_bpe(
+    vocab_size: int,
+    special_tokens: list[str],
+    texts: Iterable[str] = (),
+    files: Sequence[str] = (),
+) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style: every byte representable, no unknown token) trained in memory on
+    `texts` or on the text `files`. The one trainer behind the tiny models, tests and benchmarks."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[BOS, EOS, PAD],
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS.splitlines() * 4, trainer)
+    if files:
+        tok.train(list(files), trainer)
+    else:
+        tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_byte_level_bpe(vocab_size, [BOS, EOS, PAD], texts=CORPUS.splitlines() * 4)
     # A small corpus may run out of merges: top the vocab up with reserved tokens to the exact size.
     missing = vocab_size - tok.get_vocab_size()
     if missing > 0:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from engine.core.request import Request
 from engine.sampling_params import SamplingParams
+from engine.tiny_model import train_byte_level_bpe
 
 _TEXT = [
     "Hello world, the quick brown fox jumps over the lazy dog.",
@@ -22,16 +22,7 @@ _TEXT = [
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=["<eos>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_TEXT * 20, trainer)
+    tok = train_byte_level_bpe(600, ["<eos>", "<pad>"], texts=_TEXT * 20)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", clean_up_tokenization_spaces=False
     )
