@@ -8,6 +8,7 @@ at once when its sockets close), so a lost rank ends the step with an error inst
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -58,6 +59,13 @@ class TPGroup:
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    """A loopback port free now, for rank 0 to listen on (`start_group`'s address)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def start_group(

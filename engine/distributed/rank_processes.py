@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.distributed.errors import TensorParallelError
-from engine.distributed.group import TPGroup, start_group, stop_group
+from engine.distributed.group import TPGroup, free_port, start_group, stop_group
 from engine.distributed.rank_process import RankArgs, rank_main
 from engine.distributed.step_message import StepInputs, send
 from engine.distributed.step_watchdog import StepWatchdog
@@ -44,12 +43,6 @@ WATCHDOG_MARGIN_S = 30.0
 DIAGNOSE_WAIT_S = 2.0
 JOIN_TIMEOUT_S = 10.0
 JOIN_POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RankProcesses:

@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from engine.distributed.group import TPGroup, start_group, stop_group
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from engine.distributed.group import TPGroup, free_port, start_group, stop_group
 
 
 def _rank_main(rank: int, size: int, address: str, fn: Callable[..., Any], args: tuple, out: Any) -> None:
