@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.detokenizer import TextStream  # noqa: E402
-from engine.sampler import _SparseEdits  # noqa: E402  (the sampler's own in-place edit helper)
+from engine.sampler import Sampler, _SparseEdits  # noqa: E402  (the sampler's own in-place edit helper)
+from engine.sampling.batch_params import output_lengths  # noqa: E402
 from engine.sampling.noise import row_seeds  # noqa: E402
 from engine.sampling.race import race  # noqa: E402
-from engine.sampling.seen_tokens import SeenTokens  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -219,28 +219,25 @@ def logits_pass_ms(logits: torch.Tensor, repeats: int = 20) -> float:
 
 
 def sampling_math_ms(logits: torch.Tensor, requests: list, repeats: int = 10) -> float:
-    """The sampler's tensor work alone, on the same [B, V] logits and requests: repetition penalty as
-    sparse edits (gather, scale, scatter, restore), then `race` (top-k, temperature, top-p, noise for the
-    candidates, argmax). The per-request Python that builds its inputs (seen-token index, row seeds, the
-    parameter lists) is done once outside the timed region: that part is host work on any device."""
-    vocab = logits.shape[1]
-    row, col = SeenTokens().index(requests, list(range(len(requests))), vocab)
+    """The sampler's tensor work alone, on the same [B, V] logits and requests, as `Sampler._sample` does
+    it: the repetition penalty as sparse edits for the rows that need them (gather, scale, scatter,
+    restore), then `race` (top-k with the penalty on its candidates, temperature, top-p, noise for the
+    candidates, argmax). The per-request Python that builds its inputs (parameter arrays, seen-token sync,
+    row seeds) is done once outside the timed region: that part is host work on any device."""
+    sampler = Sampler(logits.shape[1], frozenset())
+    bp = sampler.batch_params(requests)
+    penalty, row, col = sampler.repetition(bp)
     rows, cols = torch.from_numpy(row), torch.from_numpy(col)
-    rep = torch.tensor([r.params.repetition_penalty for r in requests], dtype=torch.float32)[rows]
-    params = [r.params for r in requests]
-    lists = (
-        [p.temperature for p in params],
-        [p.top_k if p.top_k > 0 else vocab for p in params],
-        [p.top_p for p in params],
-        [p.min_p for p in params],
-        row_seeds(requests),
-    )
+    rep = torch.from_numpy(bp.repetition)[rows]
+    seeds = row_seeds(bp.seed, bp.seeded, bp.sample_index, output_lengths(requests))
+    lists = (bp.temperature, bp.top_k, bp.top_p, bp.min_p, seeds, penalty)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         edits = _SparseEdits(logits)
-        x = edits.get(rows, cols)
-        edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep), old=x)
+        if len(row):
+            x = edits.get(rows, cols)
+            edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep), old=x)
         race(logits, *lists)
         edits.restore()
         times.append(time.perf_counter() - t0)

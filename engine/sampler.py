@@ -20,12 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from engine.core.request import Request
 from engine.outputs import TokenLogprobs
 from engine.sampling.argmax import argmax_rows
+from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.noise import row_seeds
+from engine.sampling.penalised_topk import SeenPenalty
 from engine.sampling.penalties import apply_penalties, min_tokens_banned
 from engine.sampling.race import race
 from engine.sampling.seen_tokens import SeenTokens
@@ -46,10 +49,20 @@ class TokenSampler(Protocol):
 
 
 class Sampler:
+    """Keeps per-batch state between steps: the rows' parameters as arrays (`BatchParams`, rebuilt when the
+    list of requests differs from the last step's) and each request's seen tokens (`SeenTokens`)."""
+
     def __init__(self, vocab_size: int, eos_token_ids: frozenset[int]):
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
-        self._seen = SeenTokens()
+        self._seen = SeenTokens(vocab_size)
+        self._params: BatchParams | None = None
+
+    def batch_params(self, requests: list[Request]) -> BatchParams:
+        """The rows' parameters, reused while the batch is the same list of request objects."""
+        if self._params is None or not self._params.matches(requests):
+            self._params = BatchParams.build(requests, self.vocab_size)
+        return self._params
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
         if logits.dim() != 2 or logits.shape[0] != len(requests) or logits.shape[1] < self.vocab_size:
@@ -59,76 +72,79 @@ class Sampler:
         logits = logits[:, : self.vocab_size]  # [B, V], maybe a view of the input
         if logits.dtype != torch.float32:
             logits = logits.float()
-        if all(_plain_greedy(r) for r in requests):  # one scan of the batch for the commonest case
+        bp = self.batch_params(requests)
+        pending = bp.min_tokens_pending()  # rows whose EOS / stop ids are banned this step
+        if bp.plain_greedy and not pending:  # the commonest case: one argmax, one copy to the host
             return SamplerResult(argmax_rows(logits).tolist(), [None] * len(requests))
-        raw_logprobs = None
-        if any(r.params.logprobs is not None for r in requests):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V] float32
-        params = [r.params for r in requests]
-        greedy = [p.temperature == 0.0 for p in params]
-        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
-        dense = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
-        banned = [min_tokens_banned(r, self.eos_token_ids) for r in requests]
-        if all(greedy) and not rep_rows and not dense and not any(banned):
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if bp.logprobs else None  # [B, V] float32
+        banned = {i: min_tokens_banned(requests[i], self.eos_token_ids) for i in pending}
+        banned = {i: ts for i, ts in banned.items() if ts}
+        if bool(bp.greedy.all()) and not bp.rep_rows and not bp.dense and not banned:
             tokens = argmax_rows(logits)  # [B] int64
             return SamplerResult(tokens.tolist(), _gather_logprobs(raw_logprobs, tokens, requests))
         work = logits
-        if dense:
+        if bp.dense:
             work = logits.clone()
             apply_penalties(work, requests)  # all three penalties, dense
-            rep_rows = []
-        token_ids = self._sample(work, requests, greedy, rep_rows, banned)
+        token_ids = self._sample(work, bp, banned)
         tokens = torch.tensor(token_ids, dtype=torch.int64, device=logits.device)
         return SamplerResult(token_ids, _gather_logprobs(raw_logprobs, tokens, requests))
 
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        requests: list[Request],
-        greedy: list[bool],
-        rep_rows: list[int],
-        banned: list[list[int]],
-    ) -> list[int]:
-        """logits: [B, V] float32, edited in place and restored before returning."""
+    def repetition(self, bp: BatchParams) -> tuple[SeenPenalty | None, np.ndarray, np.ndarray]:
+        """The repetition penalty of this step: (the penalty of random top-k rows, applied to their
+        candidates by `race`; row [N] and col [N] int64: the seen tokens of the other penalised rows, to edit)."""
+        if not bp.rep_rows or bp.dense:  # dense: the caller applied every penalty to a copy
+            return None, np.empty(0, np.int64), np.empty(0, np.int64)
+        rep_rows = np.asarray(bp.rep_rows, dtype=np.int64)  # [P]
+        self._seen.sync([bp.requests[i] for i in bp.rep_rows])
+        # Random rows with a top-k: the penalty on their candidates only (exact, see penalised_topk).
+        by_candidates = ~bp.greedy[rep_rows] & (bp.top_k[rep_rows] < self.vocab_size)  # [P]
+        penalty = None
+        if by_candidates.any():
+            seen_rows = np.zeros(len(bp.requests), dtype=np.int64)  # [B]: the row's row in the seen sync
+            seen_rows[rep_rows] = np.arange(len(rep_rows))
+            factor = np.ones(len(bp.requests), dtype=np.float32)  # [B]
+            factor[rep_rows[by_candidates]] = bp.repetition[rep_rows[by_candidates]]
+            penalty = SeenPenalty(self._seen, seen_rows, factor)
+        row, col = self._seen.index(np.flatnonzero(~by_candidates).tolist())
+        return penalty, rep_rows[row], col
+
+    def _sample(self, logits: torch.Tensor, bp: BatchParams, banned: dict[int, list[int]]) -> list[int]:
+        """logits: [B, V] float32, edited in place and restored before returning. The repetition penalty
+        (unless bp.dense, where the caller applied it) goes to random top-k rows through `SeenPenalty`, to
+        the other rows as sparse edits of every seen token."""
         dev = logits.device
+        requests = bp.requests
         edits = _SparseEdits(logits)
-        if rep_rows:
-            row, col = self._seen.index(requests, rep_rows, self.vocab_size)
+        penalty, row, col = self.repetition(bp)
+        if len(row):
             rows, cols = torch.from_numpy(row).to(dev), torch.from_numpy(col).to(dev)
-            x = edits.get(rows, cols)  # [N]: each distinct seen token of each penalised row
-            rep = torch.tensor(
-                [r.params.repetition_penalty for r in requests], dtype=torch.float32, device=dev
-            )
-            rep = rep[rows]
+            x = edits.get(rows, cols)  # [N]: each distinct seen token of each edited row
+            rep = torch.from_numpy(bp.repetition).to(dev)[rows]
             edits.put(rows, cols, torch.where(x > 0, x / rep, x * rep), old=x)
-        pairs = [(i, t) for i, ts in enumerate(banned) for t in ts if t < self.vocab_size]
+        pairs = [(i, t) for i, ts in banned.items() for t in ts if t < self.vocab_size]
         if pairs:
             rows = torch.tensor([i for i, _ in pairs], dtype=torch.int64, device=dev)
             cols = torch.tensor([t for _, t in pairs], dtype=torch.int64, device=dev)
             edits.put(rows, cols, torch.full((len(pairs),), -float("inf"), device=dev))
         try:
-            out = [0] * len(requests)
-            greedy_rows = [i for i, g in enumerate(greedy) if g]
-            if greedy_rows:
-                sub = logits if len(greedy_rows) == len(requests) else logits[greedy_rows]
-                for i, t in zip(greedy_rows, argmax_rows(sub).tolist(), strict=True):
-                    out[i] = t
-            random_rows = [i for i, g in enumerate(greedy) if not g]
-            if random_rows:
-                sub_reqs = [requests[i] for i in random_rows]
-                sub = logits if len(random_rows) == len(requests) else logits[random_rows]
-                ps = [r.params for r in sub_reqs]
-                sampled = race(
-                    sub,
-                    [p.temperature for p in ps],
-                    [p.top_k if p.top_k > 0 else self.vocab_size for p in ps],
-                    [p.top_p for p in ps],
-                    [p.min_p for p in ps],
-                    row_seeds(sub_reqs),
-                )
-                for i, t in zip(random_rows, sampled, strict=True):
-                    out[i] = t
-            return out
+            out = np.zeros(len(requests), dtype=np.int64)
+            greedy_rows = np.flatnonzero(bp.greedy)
+            if len(greedy_rows):
+                whole = len(greedy_rows) == len(requests)
+                sub = logits if whole else logits[torch.from_numpy(greedy_rows).to(dev)]
+                out[greedy_rows] = argmax_rows(sub).cpu().numpy()
+            random_rows = np.flatnonzero(~bp.greedy)
+            if len(random_rows):
+                whole = len(random_rows) == len(requests)
+                sub = logits if whole else logits[torch.from_numpy(random_rows).to(dev)]
+                r = slice(None) if whole else random_rows
+                positions = output_lengths(requests if whole else [requests[i] for i in random_rows])
+                seeds = row_seeds(bp.seed[r], bp.seeded[r], bp.sample_index[r], positions)
+                if penalty is not None and not whole:
+                    penalty = SeenPenalty(self._seen, penalty.seen_rows[r], penalty.factor[r])
+                out[r] = race(sub, bp.temperature[r], bp.top_k[r], bp.top_p[r], bp.min_p[r], seeds, penalty)
+            return out.tolist()
         finally:
             edits.restore()
 
@@ -166,19 +182,6 @@ class _SparseEdits:
         for rows, cols, old in reversed(self._undo):
             self._write(rows, cols, old)
         self._undo.clear()
-
-
-def _plain_greedy(request: Request) -> bool:
-    """Greedy with nothing to edit in its logits row and no logprobs: its token is the row's argmax."""
-    p = request.params
-    return (
-        p.temperature == 0.0
-        and p.logprobs is None
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-        and len(request.output_token_ids) >= p.min_tokens
-    )
 
 
 def _gather_logprobs(

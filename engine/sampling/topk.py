@@ -54,7 +54,7 @@ def topk_rows(x: torch.Tensor, k: int, block: int = _BLOCK) -> tuple[torch.Tenso
         ids = np.concatenate(
             [ids, np.broadcast_to(np.arange(num_blocks * block, width), (rows, tail))], axis=1
         )
-    return _top_sorted(values, ids, k)
+    return top_sorted(values, ids, k)
 
 
 def _top_blocks(blocked: torch.Tensor, k: int) -> np.ndarray:
@@ -64,7 +64,7 @@ def _top_blocks(blocked: torch.Tensor, k: int) -> np.ndarray:
     return np.sort(maxima.topk(k, dim=-1, sorted=False).indices.numpy(), axis=-1)
 
 
-def _top_sorted(values: np.ndarray, ids: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_sorted(values: np.ndarray, ids: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest of each row of values [R, W] (W >= k), sorted descending, with their ids."""
     top = torch.from_numpy(values).topk(k, dim=-1, sorted=False).indices.numpy()  # [R, k] unordered
     top_values = np.take_along_axis(values, top, -1)

@@ -48,16 +48,21 @@ def test_sparse_repetition_penalty_picks_what_the_dense_one_picks(make_req):
 
 
 def test_seen_tokens_follow_a_growing_request(make_req):
-    seen = SeenTokens()
+    seen = SeenTokens(V)
     req = make_req(prompt=[3, 3, 4], output=[])
     for new in [4, 9, 250, 9, 11]:  # 250 is out of the vocab: ignored
         req.append_output_token(new)
-        rows, cols = seen.index([req], [0], V)
+        seen.sync([req])
+        rows, cols = seen.index([0])
+        expected = sorted({t for t in req.token_ids() if t < V})
         assert rows.tolist() == [0] * len(cols)
-        assert sorted(cols.tolist()) == sorted({t for t in req.token_ids() if t < V})
+        assert sorted(cols.tolist()) == expected
+        probe = np.arange(V, dtype=np.int64)[None]
+        assert np.flatnonzero(seen.contains(np.array([0]), probe)[0]).tolist() == expected
     other = make_req(prompt=[1], output=[])
-    seen.index([other], [0], V)
+    seen.sync([other])
     assert list(seen._by_id) == [other.request_id]  # requests absent from a step are forgotten
+    assert seen.index([0])[1].tolist() == [1]
 
 
 def test_penalty_state_is_rebuilt_for_a_new_request_with_an_old_id(make_req):
