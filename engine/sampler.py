@@ -28,7 +28,7 @@ from engine.outputs import TokenLogprobs
 from engine.sampling.argmax import argmax_rows
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.noise import row_seeds
-from engine.sampling.penalised_topk import SeenPenalty
+from engine.sampling.penalised_topk import MIN_EXTRA, SeenPenalty
 from engine.sampling.penalties import apply_penalties, min_tokens_banned
 from engine.sampling.race import race
 from engine.sampling.seen_tokens import SeenTokens
@@ -57,6 +57,8 @@ class Sampler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self._seen = SeenTokens(vocab_size)
         self._params: BatchParams | None = None
+        # How many candidates beyond k the last step's penalised top-k needed: sizes this step's.
+        self._extra = MIN_EXTRA
 
     def batch_params(self, requests: list[Request]) -> BatchParams:
         """The rows' parameters, reused while the batch is the same list of request objects."""
@@ -105,7 +107,7 @@ class Sampler:
             seen_rows[rep_rows] = np.arange(len(rep_rows))
             factor = np.ones(len(bp.requests), dtype=np.float32)  # [B]
             factor[rep_rows[by_candidates]] = bp.repetition[rep_rows[by_candidates]]
-            penalty = SeenPenalty(self._seen, seen_rows, factor)
+            penalty = SeenPenalty(self._seen, seen_rows, factor, self._extra)
         row, col = self._seen.index(np.flatnonzero(~by_candidates).tolist())
         return penalty, rep_rows[row], col
 
@@ -141,9 +143,12 @@ class Sampler:
                 r = slice(None) if whole else random_rows
                 positions = output_lengths(requests if whole else [requests[i] for i in random_rows])
                 seeds = row_seeds(bp.seed[r], bp.seeded[r], bp.sample_index[r], positions)
-                if penalty is not None and not whole:
-                    penalty = SeenPenalty(self._seen, penalty.seen_rows[r], penalty.factor[r])
-                out[r] = race(sub, bp.temperature[r], bp.top_k[r], bp.top_p[r], bp.min_p[r], seeds, penalty)
+                race_penalty = penalty if whole or penalty is None else penalty.subset(random_rows)
+                out[r] = race(
+                    sub, bp.temperature[r], bp.top_k[r], bp.top_p[r], bp.min_p[r], seeds, race_penalty
+                )
+                if race_penalty is not None:
+                    self._extra = race_penalty.extra
             return out.tolist()
         finally:
             edits.restore()

@@ -1,19 +1,20 @@
 """Top-k of repetition-penalised logits without editing every seen token: penalise the raw top-k' only.
 
 The repetition penalty r rescales a row's seen tokens: x -> x / r if x > 0, else x * r. With r >= 1 no value
-goes up. So take the raw top-k' (k' > k) and penalise only those k' values: if at least k of them are
-unseen (unchanged), the penalised top-k of the row lies among them. Proof: let u be the k-th largest unseen
-value among the k'; the k-th largest penalised value there is >= u; any token outside the k' has a raw
-value <= u (u is among the k'), hence a penalised value <= u, and cannot enter (ties at the k-th value
-aside, where either choice is a valid top-k, as with `torch.topk`).
+goes up. So take the raw top-k' (k' > k), penalise only those k' values, and let L be the k-th largest of
+them. Every token outside the k' has a raw value <= m, the smallest raw value of the k', hence a penalised
+value <= m; so if L >= m no outside token can enter, and the penalised top-k of the row is the top-k of
+the k' (ties at the k-th value aside, where either choice is a valid top-k, as with `torch.topk`). That
+holds whenever k of the k' are unseen, and often when fewer are: penalised seen tokens still rank high.
 
-    raw top-k' (topk_rows) --> seen? (SeenTokens.contains, a bit test) --> penalise --> top-k of the k'
-                                 rows with < k unseen among the k': again with 4k', then exactly
+    raw top-k' (topk_rows) --> seen? (SeenTokens.contains, a bit test) --> penalise --> L >= m ? top-k
+    rows where L < m, and rows with r < 1 (seen tokens raised: they can climb from anywhere): exactly,
+    every seen token penalised in a copy of the row, then `topk_rows`
 
-Rows with r < 1 (seen tokens raised, which can climb from anywhere) and rows where the k' never held k
-unseen tokens are penalised exactly: every seen token edited in a copy of the row, then `topk_rows`.
-This replaces gathering, scaling, scattering and restoring every seen token of every row (~230k entries for
-256 rows of 1k-token contexts: ~5 ms of memory-bound work on this CPU) with a bit test of [R, k'].
+k' - k adapts between steps (`extra`, read back after the call): x 1.5 after a step where a row missed,
+x 15/16 after one where none did. This replaces gathering, scaling, scattering and restoring
+every seen token of every row (~230k entries for 256 rows of 1k-token contexts: ~5 ms of memory-bound
+work on this CPU) with a bit test of [R, k'].
 """
 
 from __future__ import annotations
@@ -24,15 +25,21 @@ import torch
 from engine.sampling.seen_tokens import SeenTokens
 from engine.sampling.topk import top_sorted, topk_rows
 
+MIN_EXTRA = 16  # k' - k at least
+
 
 class SeenPenalty:
     """The repetition penalty of rows that take their top-k as candidates.
 
     seen_rows: [R] int64, each row's row in the last `seen.sync` (any value where factor is 1);
-    factor: [R] float32, the repetition penalty (1: none)."""
+    factor: [R] float32, the repetition penalty (1: none); extra: k' - k, updated by `topk` for the next step."""
 
-    def __init__(self, seen: SeenTokens, seen_rows: np.ndarray, factor: np.ndarray) -> None:
+    def __init__(self, seen: SeenTokens, seen_rows: np.ndarray, factor: np.ndarray, extra: int) -> None:
         self.seen, self.seen_rows, self.factor = seen, seen_rows, factor
+        self.extra = extra
+
+    def subset(self, rows: np.ndarray) -> SeenPenalty:
+        return SeenPenalty(self.seen, self.seen_rows[rows], self.factor[rows], self.extra)
 
     def topk(self, x: torch.Tensor, rows: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [G, V] float32, raw logits of rows `rows` [G] (indices into R) -> the top-k of the penalised
@@ -40,31 +47,24 @@ class SeenPenalty:
         factor = self.factor[rows]  # [G]
         if bool((factor == 1.0).all()):
             return topk_rows(x, k)
-        width = x.shape[1]
-        out_values = np.empty((len(rows), k), dtype=np.float32)
-        out_ids = np.empty((len(rows), k), dtype=np.int64)
-        pending = np.flatnonzero(factor >= 1.0)  # positions in x; r < 1 goes straight to the exact path
-        wide = k + max(16, k // 2)
-        while len(pending) and wide <= width // 4:
-            sub = x if len(pending) == len(rows) else x[torch.from_numpy(pending)]
-            values, ids = (t.numpy() for t in topk_rows(sub, wide))  # [P, k'] each
-            f = factor[pending][:, None]  # [P, 1]
-            seen = self.seen.contains(self.seen_rows[rows[pending]], ids) & (f != 1.0)  # [P, k']
-            penalised = np.where(seen, np.where(values > 0, values / f, values * f), values)
-            fits = (~seen).sum(axis=1) >= k
-            top_values, top_ids = top_sorted(penalised[fits], ids[fits], k)
-            out_values[pending[fits]], out_ids[pending[fits]] = top_values.numpy(), top_ids.numpy()
-            pending = pending[~fits]
-            wide *= 4
-        exact = np.concatenate([pending, np.flatnonzero(factor < 1.0)])  # disjoint
-        if len(exact):
-            values, ids = topk_rows(self._penalised_copy(x, rows, exact), k)
-            out_values[exact], out_ids[exact] = values.numpy(), ids.numpy()
-        return torch.from_numpy(out_values), torch.from_numpy(out_ids)
+        # topk_rows's block search stays cheap up to k' = V / 256 (see topk.py); past that, torch's topk.
+        wide = min(k + max(self.extra, MIN_EXTRA), max(k + MIN_EXTRA, x.shape[1] // 256), x.shape[1])
+        values, ids = (t.numpy() for t in topk_rows(x, wide))  # [G, k'] each, raw, sorted descending
+        f = factor[:, None]  # [G, 1]
+        seen = self.seen.contains(self.seen_rows[rows], ids) & (f != 1.0)  # [G, k']
+        penalised = np.where(seen, np.where(values > 0, values / f, values * f), values)
+        top_values, top_ids = top_sorted(penalised, ids, k)  # [G, k]
+        fits = (top_values[:, -1].numpy() >= values[:, -1]) & (factor >= 1.0)  # L >= m
+        missed = np.flatnonzero(~fits)
+        self.extra = (wide - k) * 3 // 2 if len(missed) else max(MIN_EXTRA, (wide - k) * 15 // 16)
+        if len(missed):
+            values, ids = topk_rows(self._penalised_copy(x, rows, missed), k)
+            top_values[missed], top_ids[missed] = values, ids
+        return top_values, top_ids
 
     def _penalised_copy(self, x: torch.Tensor, rows: np.ndarray, which: np.ndarray) -> torch.Tensor:
-        """[len(which), V] float32: rows `which` of x with every seen token penalised."""
-        out = x[torch.from_numpy(which)].numpy()  # a copy
+        """[len(which), V] float32: rows `which` of x (positions in x) with every seen token penalised."""
+        out = x[torch.from_numpy(which)].numpy()  # a copy: x stays untouched
         for j, pos in enumerate(which.tolist()):
             ids = self.seen.ids(int(self.seen_rows[rows[pos]]))
             f = self.factor[rows[pos]]
