@@ -45,7 +45,9 @@ def compile_spec(compiler: Any, spec: GrammarSpec) -> Any:
     if spec.kind == "json":
         return compiler.compile_json_schema(_json_schema(spec), any_whitespace=False)
     if spec.kind == "json_object":
-        return compiler.compile_builtin_json_grammar()
+        # Not compile_builtin_json_grammar(): that accepts any JSON value (a top-level array too), while
+        # OpenAI's json_object promises an object.
+        return compiler.compile_json_schema('{"type": "object"}')
     if spec.kind == "regex":
         return compiler.compile_regex(spec.spec)
     if spec.kind == "choice":
