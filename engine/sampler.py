@@ -28,7 +28,7 @@ from engine.outputs import TokenLogprobs
 from engine.sampling.argmax import argmax_rows
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.noise import row_seeds
-from engine.sampling.penalised_topk import MIN_EXTRA, SeenPenalty
+from engine.sampling.penalised_topk import SeenPenalty
 from engine.sampling.penalties import apply_penalties, min_tokens_banned
 from engine.sampling.race import race
 from engine.sampling.seen_tokens import SeenTokens
@@ -58,7 +58,7 @@ class Sampler:
         self._seen = SeenTokens(vocab_size)
         self._params: BatchParams | None = None
         # How many candidates beyond k the last step's penalised top-k needed: sizes this step's.
-        self._extra = MIN_EXTRA
+        self._extra = 0
 
     def batch_params(self, requests: list[Request]) -> BatchParams:
         """The rows' parameters, reused while the batch is the same list of request objects."""

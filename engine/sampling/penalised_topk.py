@@ -1,20 +1,21 @@
-"""Top-k of repetition-penalised logits without editing every seen token: penalise the raw top-k' only.
+"""Top-k of repetition-penalised logits without editing every seen token: penalise the raw candidates only.
 
 The repetition penalty r rescales a row's seen tokens: x -> x / r if x > 0, else x * r. With r >= 1 no value
-goes up. So take the raw top-k' (k' > k), penalise only those k' values, and let L be the k-th largest of
-them. Every token outside the k' has a raw value <= m, the smallest raw value of the k', hence a penalised
-value <= m; so if L >= m no outside token can enter, and the penalised top-k of the row is the top-k of
-the k' (ties at the k-th value aside, where either choice is a valid top-k, as with `torch.topk`). That
-holds whenever k of the k' are unseen, and often when fewer are: penalised seen tokens still rank high.
+goes up. `topk_candidates(x, k')` gives, per row, a few hundred candidates holding the raw top-k' and a
+bound m: every value outside them is <= m. Penalise only the candidates and let L be the k-th largest of
+them: an outside token's penalised value is <= its raw value <= m, so if L >= m none can enter, and the
+penalised top-k of the row is the top-k of the candidates (ties at the k-th value aside, where either
+choice is a valid top-k, as with `torch.topk`). That holds whenever k of the top-k' are unseen, and often
+when fewer are: penalised seen tokens still rank high.
 
-    raw top-k' (topk_rows) --> seen? (SeenTokens.contains, a bit test) --> penalise --> L >= m ? top-k
+    topk_candidates(k') --> seen? (SeenTokens.contains, a bit test) --> penalise --> L >= m ? top-k
     rows where L < m, and rows with r < 1 (seen tokens raised: they can climb from anywhere): exactly,
     every seen token penalised in a copy of the row, then `topk_rows`
 
-k' - k adapts between steps (`extra`, read back after the call): x 1.5 after a step where a row missed,
-x 15/16 after one where none did. This replaces gathering, scaling, scattering and restoring
-every seen token of every row (~230k entries for 256 rows of 1k-token contexts: ~5 ms of memory-bound
-work on this CPU) with a bit test of [R, k'].
+k' - k adapts between steps (`extra`, read back after the call): raised after a step where a row missed,
+x 15/16 after one where none did. This replaces gathering, scaling, scattering and restoring every seen
+token of every row (~230k entries for 256 rows of 1k-token contexts: ~5 ms of memory-bound work on this
+CPU) with a bit test of [R, 8k'].
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import numpy as np
 import torch
 
 from engine.sampling.seen_tokens import SeenTokens
-from engine.sampling.topk import top_sorted, topk_rows
+from engine.sampling.topk import top_sorted, topk_candidates, topk_rows
 
-MIN_EXTRA = 16  # k' - k at least
+GROW_EXTRA = 16  # k' - k after the first step where a row missed
 
 
 class SeenPenalty:
@@ -47,16 +48,18 @@ class SeenPenalty:
         factor = self.factor[rows]  # [G]
         if bool((factor == 1.0).all()):
             return topk_rows(x, k)
-        # topk_rows's block search stays cheap up to k' = V / 256 (see topk.py); past that, torch's topk.
-        wide = min(k + max(self.extra, MIN_EXTRA), max(k + MIN_EXTRA, x.shape[1] // 256), x.shape[1])
-        values, ids = (t.numpy() for t in topk_rows(x, wide))  # [G, k'] each, raw, sorted descending
+        # The block search stays cheap up to k' = V / 256 (see topk.py): k' stops there unless k is past it.
+        limit = x.shape[1] // 256 if k <= x.shape[1] // 256 else x.shape[1]
+        wide = min(k + self.extra, limit)
+        values, ids, bound = topk_candidates(x, wide)  # [G, W] raw, unordered; [G]
         f = factor[:, None]  # [G, 1]
-        seen = self.seen.contains(self.seen_rows[rows], ids) & (f != 1.0)  # [G, k']
+        seen = self.seen.contains(self.seen_rows[rows], ids) & (f != 1.0)  # [G, W]
         penalised = np.where(seen, np.where(values > 0, values / f, values * f), values)
         top_values, top_ids = top_sorted(penalised, ids, k)  # [G, k]
-        fits = (top_values[:, -1].numpy() >= values[:, -1]) & (factor >= 1.0)  # L >= m
+        fits = (top_values[:, -1].numpy() >= bound) & (factor >= 1.0)  # L >= m
         missed = np.flatnonzero(~fits)
-        self.extra = (wide - k) * 3 // 2 if len(missed) else max(MIN_EXTRA, (wide - k) * 15 // 16)
+        grown = max(GROW_EXTRA, (wide - k) * 3 // 2)
+        self.extra = grown if len(missed) else (wide - k) * 15 // 16
         if len(missed):
             values, ids = topk_rows(self._penalised_copy(x, rows, missed), k)
             top_values[missed], top_ids[missed] = values, ids

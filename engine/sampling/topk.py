@@ -32,19 +32,32 @@ _SUB_BLOCK = 8
 
 def topk_rows(x: torch.Tensor, k: int, block: int = _BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [R, V] float32 -> (values [R, k] float32 sorted descending, ids [R, k] int64), like torch.topk."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[1] // block < 4 * k or x.shape[0] == 0:
+        return x.topk(k, dim=-1)
+    values, ids, _ = topk_candidates(x, k, block)
+    return top_sorted(values, ids, k)
+
+
+def topk_candidates(
+    x: torch.Tensor, k: int, block: int = _BLOCK
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x: [R, V] float32 on the CPU -> (values [R, W] float32, ids [R, W] int64, bound [R] float32): W >= k
+    candidates per row, unordered, that hold the row's top-k; every value of the row outside them is
+    <= bound (the smallest maximum of the chosen sub-blocks; the k-th value where torch's topk ran)."""
     rows, width = x.shape
     num_blocks = width // block
-    if x.device.type != "cpu" or x.dtype != torch.float32 or num_blocks < 4 * k or rows == 0:
-        return x.topk(k, dim=-1)
+    if num_blocks < 4 * k or rows == 0:
+        values, ids = (t.numpy() for t in x.topk(k, dim=-1))
+        return values, ids, values[:, -1] if k else np.full(rows, np.inf, np.float32)
     # Level 1: the k blocks of `block` columns with the largest maxima. [R, m, b], a view also of a
     # row-sliced tensor (only the last dim is split).
     main = x[:, : num_blocks * block].view(rows, num_blocks, block)
-    blocks = _top_blocks(main, k)  # [R, k]
+    blocks, _ = _top_blocks(main, k)  # [R, k]
     cand = main.numpy()[np.arange(rows)[:, None], blocks]  # [R, k, b]: contiguous copies
     # Level 2, the same rule inside those: the k sub-blocks of 8 columns with the largest maxima. Their
     # k-th largest maximum is >= level 1's (the k block maxima lie in k distinct sub-blocks).
     sub = torch.from_numpy(cand).view(rows, k * block // _SUB_BLOCK, _SUB_BLOCK)
-    subs = _top_blocks(sub, k)  # [R, k] indices into the k * b / 8 sub-blocks
+    subs, bound = _top_blocks(sub, k)  # [R, k] indices into the k * b / 8 sub-blocks; [R]
     values = sub.numpy()[np.arange(rows)[:, None], subs].reshape(rows, k * _SUB_BLOCK)  # [R, 8k]
     col = (subs[:, :, None] * _SUB_BLOCK + np.arange(_SUB_BLOCK)).reshape(rows, k * _SUB_BLOCK)  # in cand
     ids = np.take_along_axis(blocks, col // block, -1) * block + col % block  # [R, 8k] vocabulary ids
@@ -54,14 +67,16 @@ def topk_rows(x: torch.Tensor, k: int, block: int = _BLOCK) -> tuple[torch.Tenso
         ids = np.concatenate(
             [ids, np.broadcast_to(np.arange(num_blocks * block, width), (rows, tail))], axis=1
         )
-    return top_sorted(values, ids, k)
+    return values, ids, bound
 
 
-def _top_blocks(blocked: torch.Tensor, k: int) -> np.ndarray:
-    """blocked: [R, n, b] -> [R, k] int64: the k blocks of each row with the largest maxima, ascending."""
+def _top_blocks(blocked: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """blocked: [R, n, b] -> ([R, k] int64: the k blocks of each row with the largest maxima, ascending;
+    [R] float32: the smallest of those k maxima)."""
     maxima = blocked.amax(-1)  # [R, n]
     # torch's topk, not numpy's argpartition: the latter slowed ~10x on rows of many equal values.
-    return np.sort(maxima.topk(k, dim=-1, sorted=False).indices.numpy(), axis=-1)
+    top = maxima.topk(k, dim=-1, sorted=False)
+    return np.sort(top.indices.numpy(), axis=-1), top.values.amin(dim=-1).numpy()
 
 
 def top_sorted(values: np.ndarray, ids: np.ndarray, k: int) -> tuple[torch.Tensor, torch.Tensor]:

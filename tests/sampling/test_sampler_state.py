@@ -140,7 +140,7 @@ def _penalised_reference(x: torch.Tensor, seen: list[np.ndarray], factor: np.nda
     return topk_rows(dense, k)
 
 
-@pytest.mark.parametrize("vocab", [2_000, 40_000])  # k' capped at k + 16, and wider (V / 256)
+@pytest.mark.parametrize("vocab", [2_000, 40_000])  # torch topk candidates (V < 256 k), and blocks
 def test_penalised_topk_is_exact(make_req, monkeypatch, vocab):
     """Rows with few and many seen top tokens, r above and below 1, and a row without penalty."""
     gen = torch.Generator().manual_seed(0)
@@ -169,13 +169,13 @@ def test_penalised_topk_is_exact(make_req, monkeypatch, vocab):
         return copy(self, x, rows, which)
 
     monkeypatch.setattr(SeenPenalty, "_penalised_copy", spy)
-    penalty = SeenPenalty(seen, np.arange(rows), factor, extra=0)
+    penalty = SeenPenalty(seen, np.arange(rows), factor, extra=16)
     values, ids = penalty.topk(x, np.arange(rows), k)
     ref_values, ref_ids = _penalised_reference(x, [np.unique(s.numpy()) for s in seen_ids], factor, k)
     assert torch.equal(ids, ref_ids) and torch.equal(values, ref_values)
     assert 1 in exact_rows and 4 in exact_rows and 7 in exact_rows  # missed; r < 1 twice
     assert 0 not in exact_rows and 5 not in exact_rows  # fit among the candidates
-    assert penalty.extra > 16  # a row missed: the next step looks wider
+    assert penalty.extra >= 24  # a row missed: the next step looks wider
 
 
 def test_vectorised_row_seeds_match_the_scalar_hash(make_req):

@@ -83,3 +83,22 @@ def test_a_row_mostly_tied_at_the_threshold():
     assert torch.equal(values, x.topk(16, dim=-1).values)
     assert torch.equal(x.gather(1, ids), values)
     assert all(len(set(row)) == 16 for row in ids.tolist())
+
+
+def test_candidates_hold_the_top_k_and_bound_the_rest():
+    """topk_candidates: the top-k are among the candidates, every other value is <= bound."""
+    from engine.sampling.topk import topk_candidates
+
+    x = torch.randn(6, 32000, generator=torch.Generator().manual_seed(3))
+    x[1, :64] = 9.0  # a block of equal large values
+    x[2] = torch.linspace(-1, 1, 32000)  # sorted: the top-k in the last blocks
+    for k in (1, 20, 60):
+        values, ids, bound = topk_candidates(x, k)
+        assert values.shape == ids.shape and values.shape[1] >= k
+        assert np.array_equal(np.take_along_axis(x.numpy(), ids, 1), values)
+        top = x.topk(k, dim=-1).values
+        for r in range(x.shape[0]):
+            assert np.sort(values[r])[::-1][:k].tolist() == top[r].tolist()
+            outside = np.ones(x.shape[1], bool)
+            outside[ids[r]] = False
+            assert x[r].numpy()[outside].max() <= bound[r]
