@@ -1,16 +1,22 @@
 """Time `engine.sampling.race` on [256, 32000] logits for each way rows find their candidates.
 
     python benchmarks/sampling_paths.py                 # prints ms per call and writes JSON
+    python benchmarks/sampling_paths.py --profile       # + where the full-sampling call spends its time
     PYTHONPATH=<other checkout> python <this file> ...   # the same on other code, for a side-by-side
 
-Configurations: top_k 50 (with top_p 0.95), top_p 0.95 alone, temperature alone. Logits: N(0, 3^2) over
-the whole vocabulary. One torch thread; the median of --repeats calls after one warm-up call.
+Configurations: top_k 50 (with top_p 0.95), the same with repetition_penalty 1.1 over 1k-token contexts
+(the host-overhead benchmark's sampling scenario; the penalty applied the way the sampler applies it),
+top_p 0.95 alone, temperature alone. Logits: N(0, 3^2) over the whole vocabulary. One torch thread; the
+median of --repeats calls after one warm-up call. `--profile` runs cProfile over the penalised call and
+prints the operations that take the most time (numpy and torch calls appear as built-in methods).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -22,15 +28,39 @@ from engine.sampling.race import race
 
 CONFIGS = {
     "top_k_50_top_p_0.95": dict(top_k=50, top_p=0.95),
+    "top_k_50_top_p_0.95_rep_1.1": dict(top_k=50, top_p=0.95, repetition_penalty=1.1),
     "top_p_0.95": dict(top_k=32000, top_p=0.95),
     "temperature_only": dict(top_k=32000, top_p=1.0),
 }
 
 
+def repetition_penalty(rows: int, vocab: int, factor: float):
+    """The sampler's penalty state for `rows` requests with ~1k-token contexts (None if the race code
+    predates it)."""
+    try:
+        from engine.sampler import Sampler
+        from engine.sampling.penalised_topk import SeenPenalty  # noqa: F401  (present on new code only)
+    except ImportError:
+        return None
+    from engine.core.request import Request
+    from engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(1)
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, repetition_penalty=factor, seed=1)
+    reqs = [
+        Request(f"r{i}", torch.randint(0, vocab, (1000,), generator=gen).tolist(), params, 0.0)
+        for i in range(rows)
+    ]
+    sampler = Sampler(vocab, frozenset())
+    penalty, _, _ = sampler.repetition(sampler.batch_params(reqs))
+    return penalty
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -40,6 +70,12 @@ def main() -> None:
     out = {}
     for name, cfg in CONFIGS.items():
         call = (logits, [0.8] * rows, [cfg["top_k"]] * rows, [cfg["top_p"]] * rows, [0.0] * rows, seeds)
+        if "repetition_penalty" in cfg:
+            penalty = repetition_penalty(rows, 32000, cfg["repetition_penalty"])
+            if penalty is None:
+                print(f"{name:30s} (no penalty on candidates in this code)")
+                continue
+            call = (*call, penalty)
         race(*call)
         times = []
         for _ in range(args.repeats):
@@ -47,7 +83,16 @@ def main() -> None:
             race(*call)
             times.append(time.perf_counter() - t0)
         out[name] = statistics.median(times) * 1e3
-        print(f"{name:22s} {out[name]:9.1f} ms", flush=True)
+        print(f"{name:30s} {out[name]:9.1f} ms", flush=True)
+        if args.profile and "repetition_penalty" in cfg:
+            prof = cProfile.Profile()
+            for _ in range(args.repeats):
+                prof.runcall(race, *call)
+            stats = pstats.Stats(prof)
+            top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:14]  # by own time
+            for (file, line, func), (_, calls, own, _, _) in top:
+                where = func if file == "~" else f"{Path(file).name}:{line}({func})"
+                print(f"    {own / args.repeats * 1e3:7.2f} ms  x{calls // args.repeats:<3d} {where}")
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "ms": out}, indent=2) + "\n")
 

@@ -10,9 +10,17 @@ Per step, for logits [B, V_padded] float32 (row i belongs to requests[i]), in th
      top_p, exponential race with per-token noise that is reproducible for seeded rows).
 An all-greedy batch without penalties or active min_tokens is one argmax and one device-to-host copy.
 
-The repetition penalty and min_tokens touch few entries per row, so they are written into the caller's
-logits in place and the original values put back before returning (no copy of the [B, V] tensor); presence
-and frequency penalties, which need per-row counts, work on a private copy.
+The repetition penalty of random rows with a top-k is applied to their top-k candidates only
+(`engine.sampling.penalised_topk`, exact); for the other rows it and min_tokens touch few entries per row,
+so they are written into the caller's logits in place and the original values put back before returning
+(no copy of the [B, V] tensor); presence and frequency penalties, which need per-row counts, work on a
+private copy.
+
+State kept between steps (vLLM's persistent batch): the rows' parameters as arrays, rebuilt only when the
+list of request objects changes (`engine.sampling.batch_params`), and each request's seen tokens, grown by
+the step's new tokens (`engine.sampling.seen_tokens`). Row seeds are hashed for the whole batch at once
+(`engine.sampling.noise.row_seeds`). So the per-request Python of a decode step is a few list
+comprehensions over the batch (output lengths, last tokens), not a rebuild of each request's inputs.
 """
 
 from __future__ import annotations

@@ -12,5 +12,6 @@ import torch
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x: [R, V] -> [R] int64 on x's device."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0:
-        return torch.from_numpy(x.contiguous().numpy().argmax(axis=-1).astype("int64"))
+        # numpy reads a column-sliced (vocab-padded) view in place: no copy of the [R, V] logits.
+        return torch.from_numpy(x.numpy().argmax(axis=-1).astype("int64"))
     return x.argmax(dim=-1)
