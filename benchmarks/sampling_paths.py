@@ -5,8 +5,10 @@
     PYTHONPATH=<other checkout> python <this file> ...   # the same on other code, for a side-by-side
 
 Configurations: top_k 50 (with top_p 0.95), the same with repetition_penalty 1.1 over 1k-token contexts
-(the host-overhead benchmark's sampling scenario; the penalty applied the way the sampler applies it),
-top_p 0.95 alone, temperature alone. Logits: N(0, 3^2) over the whole vocabulary. One torch thread; the
+(the host-overhead benchmark's sampling scenario) applied two ways, interleaved call by call: on the top-k
+candidates (`SeenPenalty`, what the sampler does for such rows) and as sparse edits of every seen token
+(gather, scale, scatter, restore: what it did before, and still does for rows without a top-k); top_p 0.95
+alone, temperature alone. Logits: N(0, 3^2) over the whole vocabulary. One torch thread; the
 median of --repeats calls after one warm-up call. `--profile` runs cProfile over the penalised call and
 prints the operations that take the most time (numpy and torch calls appear as built-in methods).
 """
@@ -35,10 +37,11 @@ CONFIGS = {
 
 
 def repetition_penalty(rows: int, vocab: int, factor: float):
-    """The sampler's penalty state for `rows` requests with ~1k-token contexts (None if the race code
-    predates it)."""
+    """The sampler's penalty state for `rows` requests with ~1k-token contexts: (the `SeenPenalty` of
+    their top-k candidates, the same penalty as sparse edits: a callable (logits, race call) -> tokens).
+    None if the code predates it."""
     try:
-        from engine.sampler import Sampler
+        from engine.sampler import Sampler, _SparseEdits
         from engine.sampling.penalised_topk import SeenPenalty  # noqa: F401  (present on new code only)
     except ImportError:
         return None
@@ -52,8 +55,22 @@ def repetition_penalty(rows: int, vocab: int, factor: float):
         for i in range(rows)
     ]
     sampler = Sampler(vocab, frozenset())
-    penalty, _, _ = sampler.repetition(sampler.batch_params(reqs))
-    return penalty
+    bp = sampler.batch_params(reqs)
+    penalty, _, _ = sampler.repetition(bp)
+    row, col = sampler._seen.index(list(range(rows)))
+    rows_t, cols_t = torch.from_numpy(row), torch.from_numpy(col)
+    rep = torch.from_numpy(bp.repetition)[rows_t]
+
+    def by_edits(logits: torch.Tensor, *call) -> list[int]:
+        edits = _SparseEdits(logits)
+        x = edits.get(rows_t, cols_t)
+        edits.put(rows_t, cols_t, torch.where(x > 0, x / rep, x * rep), old=x)
+        try:
+            return race(logits, *call)
+        finally:
+            edits.restore()
+
+    return penalty, by_edits
 
 
 def main() -> None:
@@ -70,24 +87,33 @@ def main() -> None:
     out = {}
     for name, cfg in CONFIGS.items():
         call = (logits, [0.8] * rows, [cfg["top_k"]] * rows, [cfg["top_p"]] * rows, [0.0] * rows, seeds)
+        ways = {name: lambda call=call: race(*call)}
         if "repetition_penalty" in cfg:
-            penalty = repetition_penalty(rows, 32000, cfg["repetition_penalty"])
-            if penalty is None:
-                print(f"{name:30s} (no penalty on candidates in this code)")
+            state = repetition_penalty(rows, 32000, cfg["repetition_penalty"])
+            if state is None:
+                print(f"{name:40s} (no penalty on candidates in this code)")
                 continue
-            call = (*call, penalty)
-        race(*call)
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            race(*call)
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times) * 1e3
-        print(f"{name:30s} {out[name]:9.1f} ms", flush=True)
+            penalty, by_edits = state
+            ways = {
+                f"{name} candidates": lambda call=call, penalty=penalty: race(*call, penalty),
+                f"{name} sparse edits": lambda call=call, by_edits=by_edits: by_edits(*call),
+            }
+            assert race(*call, penalty) == by_edits(*call)  # the same tokens either way
+        for way in ways.values():
+            way()  # warm-up
+        times: dict[str, list[float]] = {w: [] for w in ways}
+        for _ in range(args.repeats):  # interleaved: load on the machine hits every way alike
+            for w, way in ways.items():
+                t0 = time.perf_counter()
+                way()
+                times[w].append(time.perf_counter() - t0)
+        for w in ways:
+            out[w] = statistics.median(times[w]) * 1e3
+            print(f"{w:40s} {out[w]:9.1f} ms", flush=True)
         if args.profile and "repetition_penalty" in cfg:
             prof = cProfile.Profile()
             for _ in range(args.repeats):
-                prof.runcall(race, *call)
+                prof.runcall(race, *call, penalty)
             stats = pstats.Stats(prof)
             top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:14]  # by own time
             for (file, line, func), (_, calls, own, _, _) in top:
