@@ -60,9 +60,8 @@ class SeenTokens:
         self._entries: list[_Seen] = []
         self._slots = np.empty(0, dtype=np.int64)  # [R]
         self._prompt_lens = np.empty(0, dtype=np.int64)  # [R]
-        self._consumed = np.empty(
-            0, dtype=np.int64
-        )  # [R] tokens recorded per row (entries' consumed is stale)
+        # [R] tokens recorded per row; the entries' own `consumed` is only written back on a remap.
+        self._consumed = np.empty(0, dtype=np.int64)
 
     def sync(self, requests: list[Request]) -> None:
         """Record the tokens each request gained since the last sync; row i of later calls is requests[i]."""
