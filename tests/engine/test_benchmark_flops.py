@@ -6,9 +6,21 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.mfu import StepRecorder, flops, shape_counts, utilisation
+import benchmarks.mfu as mfu
+from benchmarks.mfu import (
+    GemmSeconds,
+    StepRecorder,
+    flops,
+    gemm_baseline,
+    last_level_cache_bytes,
+    shape_counts,
+    streamed_copies,
+    time_gemm_streamed,
+    utilisation,
+)
 from engine import LLMEngine, SamplingParams
 from engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 
@@ -93,3 +105,68 @@ def test_utilisation_is_achieved_rate_over_gemm_rate():
     assert utilisation(report, seconds=1.0) == {"achieved_gflops": 40.0, "mfu": 0.5}
     assert utilisation(report, seconds=1.0, cpu_seconds=0.8)["mfu_cpu_time"] == pytest.approx(0.5)
     assert utilisation(report, seconds=0.5)["mfu"] == pytest.approx(1.0)
+
+
+def test_utilisation_against_both_baselines():
+    report = {
+        "linear_gflop": 30.0,
+        "attention_gflop": 10.0,
+        "gemm_rate_gflops": 80.0,
+        "gemm_rate_gflops_cpu_time": 100.0,
+        "gemm_rate_gflops_streamed": 50.0,
+        "gemm_rate_gflops_streamed_cpu_time": 40.0,
+    }
+    out = utilisation(report, seconds=1.0, cpu_seconds=2.0)
+    assert out == {
+        "achieved_gflops": 40.0,
+        "mfu": 0.5,
+        "mfu_streamed": 0.8,
+        "mfu_cpu_time": pytest.approx(0.2),
+        "mfu_streamed_cpu_time": pytest.approx(0.5),
+    }
+
+
+def test_streamed_copies_fill_the_cache_several_times_over():
+    mib = 1 << 20
+    assert streamed_copies(6 * mib, 32 * mib, factor=4) == 22  # ceil(128 / 6): 132 MiB in all
+    assert streamed_copies(1 * mib, 32 * mib, factor=4) == 128
+    assert streamed_copies(64 * mib, 32 * mib, factor=4) == 2  # exactly 4x
+    assert streamed_copies(500 * mib, 32 * mib, factor=4) == 2  # never the same weight twice in a row
+
+
+def test_last_level_cache_is_the_largest_sysfs_cache(tmp_path):
+    for index, size in enumerate(["32K", "32K", "1024K", "32768K"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 32 << 20
+    assert last_level_cache_bytes(tmp_path / "missing") == mfu.DEFAULT_CACHE_BYTES
+
+
+def test_streamed_timing_uses_every_weight_once_per_pass(monkeypatch):
+    used = []
+    monkeypatch.setattr(mfu.torch, "matmul", lambda a, w, out: used.append(w.data_ptr()))
+    weights = [torch.zeros(4, 3) for _ in range(5)]
+    time_gemm_streamed(2, weights, repeats=2)
+    assert used == [w.data_ptr() for w in weights] * 2
+
+
+def test_gemm_baseline_weights_each_shape_by_its_count(monkeypatch):
+    built = []
+
+    def fake_weight_set(k, n, dtype, cache_bytes):
+        built.append((k, n))
+        return [(k, n)] * 3
+
+    # Per-call seconds that identify the shape: warm M + K/1000, streamed 10x that; CPU time half of wall.
+    monkeypatch.setattr(mfu, "weight_set", fake_weight_set)
+    monkeypatch.setattr(mfu, "time_gemm", lambda s, dtype: (s[0] + s[1] / 1000, (s[0] + s[1] / 1000) / 2))
+    monkeypatch.setattr(
+        mfu, "time_gemm_streamed", lambda m, ws: (10 * (m + ws[0][0] / 1000), 5 * (m + ws[0][0] / 1000))
+    )
+    counts = Counter({(1, 8, 16): 3, (2, 8, 16): 2, (1, 20, 8): 4})
+    t = gemm_baseline(counts, torch.float32, cache_bytes=1 << 20)
+    assert sorted(built) == [(8, 16), (20, 8)]  # one weight set per [K, N], shared by its row counts
+    warm = 3 * 1.008 + 2 * 2.008 + 4 * 1.02
+    assert t == GemmSeconds(
+        pytest.approx(warm), pytest.approx(warm / 2), pytest.approx(10 * warm), pytest.approx(5 * warm)
+    )
