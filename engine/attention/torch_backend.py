@@ -6,6 +6,11 @@ ms per layer in fp32, benchmarks/cpu_decode_attention.py): the padded copy (~180
 at most) are still there when the attention right after the gather reads them.
 
 Per sequence and layer: a gather of its KV blocks (index_select over whole blocks), then one SDPA call.
+The per-sequence calls are few because each one costs a few microseconds of dispatch, and a decode step
+makes (sequences x layers) of them: K and V are gathered by one index_select over the layer's [2, ...] pair
+(the pool keeps a layer's V right after its K), each is then one as_strided view [1, kv_heads, L, D] of the
+gathered blocks, and a sequence whose blocks are consecutive in the pool is not gathered at all: its K and
+V are as_strided views of the cache itself. Decode-only steps concatenate the SDPA outputs as they come.
 A prefill chunk with no cached context reads this step's K/V rows directly and gathers nothing. A decode
 row needs no repeat for GQA: the G query heads sharing a KV head are laid out as G "query positions" of
 that head, q: [kv_heads, G, D], exact because a decode query sees every cached key. A chunk after cached
@@ -43,6 +48,8 @@ class _Seq:
     # [q_len, seq_len - lo] bool (True = attend); None with causal False: every key read is visible
     mask: torch.Tensor | None
     causal: bool  # a square causal chunk (no cached context, no window cut): SDPA's is_causal
+    # blocks[0] when the blocks are consecutive ids (b, b + 1, ...): the keys are a view of the cache
+    first_block: int | None = None
 
 
 @dataclass
@@ -86,7 +93,76 @@ def plan_seqs(meta: AttentionMetadata, block_size: int, window: int | None) -> l
                 mask &= pos - key < window
         seqs.append(_Seq(start, start + q, lo, n, blocks, skip, mask, causal))
         start += q
+    gathered = [s for s, seq in enumerate(seqs) if seq.blocks is not None]
+    if gathered:
+        firsts = consecutive_starts(
+            meta.block_tables[gathered],
+            [seqs[s].lo // block_size for s in gathered],
+            [-(-seqs[s].seq_len // block_size) for s in gathered],
+        )
+        for s, first in zip(gathered, firsts, strict=True):
+            seqs[s].first_block = first
     return seqs
+
+
+def consecutive_starts(table: torch.Tensor, first: list[int], last: list[int]) -> list[int | None]:
+    """For each row r of `table` ([R, W] int block ids): table[r, first[r]] when table[r, first[r]:last[r]]
+    counts up by one (b, b + 1, ...), else None. A few tensor ops for all rows, one host read."""
+    dev = table.device
+    cols = torch.arange(table.shape[1], device=dev)  # [W]
+    lo = torch.tensor(first, device=dev)[:, None]  # [R, 1]
+    hi = torch.tensor(last, device=dev)[:, None]
+    inside = (cols >= lo) & (cols < hi)  # [R, W]
+    ids = table.long()
+    offset = ids - cols  # [R, W]: the same value all along a run that counts up by one
+    big = torch.iinfo(torch.int64).max
+    top = offset.masked_fill(~inside, -big).amax(1)
+    bottom = offset.masked_fill(~inside, big).amin(1)
+    starts = ids.gather(1, lo).squeeze(1)
+    rows = zip(starts.tolist(), (top == bottom).tolist(), strict=True)
+    return [b if run else None for b, run in rows]
+
+
+class LayerKV:
+    """One layer's cache as forward reads it: a sequence's visible keys and values as [1, kv_heads, L, D]
+    views (strided: key l of head h at (skip + l) * kv_heads * D + h * D of the sequence's blocks)."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        # caches: [num_blocks, block_size, kv_heads, D]
+        self.k_cache, self.v_cache = k_cache, v_cache
+        num_blocks, self.block_size, self.kv_heads, self.d = k_cache.shape
+        self.block_numel = self.block_size * self.kv_heads * self.d
+        # Views straight into the cache need its plain layout (the pool's); other caches are gathered.
+        self.contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
+        # [2, num_blocks, block_numel]: K and V as one tensor, when V directly follows K in the same storage
+        # (the pool layout, engine/kv_cache.py), so one index_select gathers both.
+        self.pair = None
+        if (
+            self.contiguous
+            and k_cache.shape == v_cache.shape
+            and k_cache.dtype == v_cache.dtype
+            and k_cache.untyped_storage().data_ptr() == v_cache.untyped_storage().data_ptr()
+            and v_cache.storage_offset() - k_cache.storage_offset() == k_cache.numel()
+        ):
+            self.pair = k_cache.as_strided(
+                (2, num_blocks, self.block_numel), (k_cache.numel(), self.block_numel, 1)
+            )
+
+    def context(self, s: _Seq) -> tuple[torch.Tensor, torch.Tensor]:
+        kv_heads, d = self.kv_heads, self.d
+        size, stride = (1, kv_heads, s.seq_len - s.lo, d), (kv_heads * d, d, kv_heads * d, 1)
+        if s.first_block is not None and self.contiguous:  # consecutive blocks: nothing copied
+            at = (s.first_block * self.block_size + s.skip) * kv_heads * d
+            k = self.k_cache.as_strided(size, stride, self.k_cache.storage_offset() + at)
+            return k, self.v_cache.as_strided(size, stride, self.v_cache.storage_offset() + at)
+        at = s.skip * kv_heads * d
+        if self.pair is not None:
+            kv = self.pair.index_select(1, s.blocks)  # [2, num_seq_blocks, block_numel], contiguous
+            return kv.as_strided(size, stride, at), kv.as_strided(
+                size, stride, kv.shape[1] * self.block_numel + at
+            )
+        k, v = self.k_cache.index_select(0, s.blocks), self.v_cache.index_select(0, s.blocks)
+        return k.as_strided(size, stride, at), v.as_strided(size, stride, at)
 
 
 def _softcapped_attention(q, k, v, s: _Seq, scale: float, softcap: float) -> torch.Tensor:
@@ -146,35 +222,39 @@ class TorchAttentionBackend:
             p.by_window[window] = plan_seqs(meta, p.block_size, window)
         t, heads, d = query.shape
         kv_heads = k_cache.shape[2]
+        seqs = p.by_window[window]
+        cache = LayerKV(k_cache, v_cache)
+        # A decode row's G query heads per KV head as G "query positions": [T, kv_heads, G, D]
+        grouped = query.view(t, kv_heads, heads // kv_heads, d)
+        decode_only = softcap is None and p.num_real == len(seqs)  # one row per sequence
         outs = []
-        for s in p.by_window[window]:
+        for s in seqs:
             if s.blocks is None:
                 k, v = key[s.start + s.lo : s.end], value[s.start + s.lo : s.end]  # [L, kv_heads, D]
+                k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, kv_heads, L, D]
             else:
-                length = s.seq_len - s.lo
-                k = k_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[s.skip : s.skip + length]
-                v = v_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[s.skip : s.skip + length]
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, L, D]
-            q = query[s.start : s.end]  # [q_len, heads, D]
+                k, v = cache.context(s)
             if softcap is not None:
-                outs.append(_softcapped_attention(q, k, v, s, scale, softcap))
+                q = query[s.start : s.end]  # [q_len, heads, D]
+                outs.append(_softcapped_attention(q, k[0], v[0], s, scale, softcap))
                 continue
             if s.end - s.start == 1:
                 # 4-D inputs: SDPA's CPU flash kernel (3-D falls back to the slower math path)
-                q = q.view(1, kv_heads, heads // kv_heads, d)
-                o = F.scaled_dot_product_attention(q, k[None], v[None], scale=scale)
-                outs.append(o.reshape(1, heads, d))
+                o = F.scaled_dot_product_attention(grouped[s.start : s.end], k, v, scale=scale)
+                outs.append(o if decode_only else o.reshape(1, heads, d))  # o: [1, kv_heads, G, D]
                 continue
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                k[None],
-                v[None],
+                query[s.start : s.end].transpose(0, 1)[None],
+                k,
+                v,
                 attn_mask=s.mask,
                 is_causal=s.causal,
                 scale=scale,
                 enable_gqa=heads != kv_heads,
             )
             outs.append(o[0].transpose(0, 1))
+        if decode_only:
+            outs = [torch.cat(outs).view(len(seqs), heads, d)]
         if p.num_real < t:
             outs.append(query.new_zeros(t - p.num_real, heads, d))
         return torch.cat(outs) if len(outs) > 1 else outs[0].contiguous()
