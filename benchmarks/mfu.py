@@ -16,14 +16,19 @@ The GEMM baseline times torch.matmul once per distinct linear shape (the minimum
 weights it by how often the run issued that shape; attention is not in the baseline (its shapes change
 every step), so MFU counts attention FLOPs as work but measures the rate against the linear layers'.
 
-Two baselines, both reported:
-  warm      every repeat multiplies by the same weight, which after the first call sits in the CPU's
-            caches (a few MB: all of it fits the last-level cache): the rate a GEMM reaches from cache.
-  streamed  every call multiplies by the next of enough distinct weights of that shape to fill the
-            last-level cache STREAM_FACTOR times over, so each one comes from DRAM, as in the engine,
-            which reads every layer's weights once per step (220 MB for the 55M-parameter fp32 model).
-MFU against the streamed rate is the honest one for a decode step whose few rows cannot amortise
-reading the weight; the warm rate is the ceiling a perfectly cache-blocked schedule could approach.
+Three baselines, all reported:
+  warm         every repeat multiplies by the same [K, N] weight, which after the first call sits in the
+               CPU's caches (a few MB: all of it fits the last-level cache): the rate a GEMM reaches from
+               cache. The figure reported before the other two were added.
+  streamed     every call multiplies by the next of enough distinct [K, N] weights of that shape to fill
+               the last-level cache STREAM_FACTOR times over, so each one comes from DRAM, as in the
+               engine, which reads every layer's weights once per step (220 MB for the 55M-parameter
+               fp32 model). warm -> streamed is what reading the weights from DRAM costs.
+  streamed_nk  the same, with the weights as the engine holds them: nn.Linear's [N, K], through F.linear
+               (a product with the transposed weight). streamed -> streamed_nk is what that layout costs.
+MFU against streamed_nk is the honest one for the engine as it is (same bytes from DRAM, same layout);
+against streamed, the room a [K, N] weight layout would leave; against warm, the ceiling a perfectly
+cache-blocked schedule could approach.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 Shape = tuple[int, int, int]  # (M, K, N) of one [M, K] x [K, N] product
 
@@ -106,6 +112,8 @@ class GemmSeconds:
     warm_cpu: float
     streamed: float
     streamed_cpu: float
+    streamed_nk: float
+    streamed_nk_cpu: float
 
 
 def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
@@ -150,41 +158,54 @@ def time_gemm(shape: Shape, dtype: torch.dtype, repeats: int = 3) -> tuple[float
     return _timed(lambda: torch.matmul(a, b, out=out), repeats)
 
 
-def time_gemm_streamed(m: int, weights: list[torch.Tensor], repeats: int = 2) -> tuple[float, float]:
-    """(wall, process CPU) seconds of one torch.matmul of an [m, K] input by one of `weights` (each
-    [K, N]), when every call uses the next weight: a pass over all of them, divided by their number;
-    the minimum over repeats (one pass if it took 0.5 s). Call after time_gemm of the same shape (its untimed call pays one-off
-    kernel set-up)."""
-    k, n = weights[0].shape
+def time_gemm_streamed(
+    m: int, weights: list[torch.Tensor], nk: bool = False, repeats: int = 2
+) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one product of an [m, K] input by one of `weights`, when every call
+    uses the next weight: a pass over all of them, divided by their number; the minimum over repeats (one
+    pass if it took 0.5 s). Weights [K, N] through torch.matmul, or with `nk` [N, K] through F.linear as
+    the engine's layers do. Call after time_gemm of the same shape (its untimed call pays one-off kernel
+    set-up)."""
+    k = weights[0].shape[1] if nk else weights[0].shape[0]
+    n = weights[0].shape[0] if nk else weights[0].shape[1]
     a = torch.randn(m, k, dtype=weights[0].dtype)
     out = torch.empty(m, n, dtype=a.dtype)
 
     def one_pass() -> None:
         for w in weights:
-            torch.matmul(a, w, out=out)
+            if nk:
+                F.linear(a, w)
+            else:
+                torch.matmul(a, w, out=out)
 
     wall, cpu = _timed(one_pass, repeats, enough_s=0.5)
     return wall / len(weights), cpu / len(weights)
 
 
-def weight_set(k: int, n: int, dtype: torch.dtype, cache_bytes: int) -> list[torch.Tensor]:
-    """Distinct [K, N] weights (copies of one random tensor: same values, separate memory) enough to
-    fill the cache STREAM_FACTOR times."""
-    w = torch.randn(k, n, dtype=dtype)
+def weight_set(k: int, n: int, dtype: torch.dtype, cache_bytes: int, nk: bool = False) -> list[torch.Tensor]:
+    """Distinct [K, N] weights ([N, K] with `nk`), copies of one random tensor (same values, separate
+    memory), enough to fill the cache STREAM_FACTOR times."""
+    w = torch.randn(*((n, k) if nk else (k, n)), dtype=dtype)
     return [w] + [w.clone() for _ in range(streamed_copies(w.nbytes, cache_bytes) - 1)]
 
 
 def gemm_baseline(counts: Counter[Shape], dtype: torch.dtype, cache_bytes: int | None = None) -> GemmSeconds:
-    """Seconds the run's linear products take as lone matmuls, warm and streamed. Shapes are taken by
-    weight ([K, N]) so each weight set is built once and freed before the next."""
+    """Seconds the run's linear products take as lone matmuls, per baseline. Shapes are taken by weight
+    shape (K, N) so each weight set is built once and freed before the next."""
     cache_bytes = cache_bytes or last_level_cache_bytes()
-    total = [0.0, 0.0, 0.0, 0.0]
+    total = [0.0] * 6
     for kn in sorted({(k, n) for _, k, n in counts}):
+        shapes = sorted(s for s in counts if s[1:] == kn)
         weights = weight_set(*kn, dtype, cache_bytes)
-        for shape in sorted(s for s in counts if s[1:] == kn):
+        for shape in shapes:
             times = time_gemm(shape, dtype) + time_gemm_streamed(shape[0], weights)
             for i, t in enumerate(times):
                 total[i] += counts[shape] * t
+        del weights  # before the next set is built: at most one set (4x the cache) alive
+        weights = weight_set(*kn, dtype, cache_bytes, nk=True)
+        for shape in shapes:
+            wall, cpu = time_gemm_streamed(shape[0], weights, nk=True)
+            total[4], total[5] = total[4] + counts[shape] * wall, total[5] + counts[shape] * cpu
         del weights
     return GemmSeconds(*total)
 
@@ -216,6 +237,10 @@ def mfu_report(rec: StepRecorder, dtype: torch.dtype, cache_bytes: int | None = 
         "gemm_seconds_at_run_shapes_streamed": t.streamed,
         "gemm_rate_gflops_streamed": linear / t.streamed / 1e9,
         "gemm_rate_gflops_streamed_cpu_time": linear / t.streamed_cpu / 1e9,
+        # The same with the engine's weight layout ([N, K] through F.linear).
+        "gemm_seconds_at_run_shapes_streamed_nk": t.streamed_nk,
+        "gemm_rate_gflops_streamed_nk": linear / t.streamed_nk / 1e9,
+        "gemm_rate_gflops_streamed_nk_cpu_time": linear / t.streamed_nk_cpu / 1e9,
     }
 
 
@@ -223,15 +248,20 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+BASELINES = ("", "_streamed", "_streamed_nk")  # suffixes of the report's GEMM rates and of the MFU keys
+
+
 def utilisation(report: dict, seconds: float, cpu_seconds: float | None = None) -> dict:
-    """Achieved GFLOP/s of a run that did the recorded work in `seconds`, and its share of the GEMM rate,
-    warm (`mfu`) and streamed (`mfu_streamed`); with `cpu_seconds`, also the shares in CPU time."""
+    """Achieved GFLOP/s of a run that did the recorded work in `seconds`, and its share of each GEMM rate
+    the report has (`mfu` warm, `mfu_streamed`, `mfu_streamed_nk`); with `cpu_seconds`, also the shares
+    in CPU time (`mfu_cpu_time`, ...)."""
     work = report["linear_gflop"] + report["attention_gflop"]
-    out = {"achieved_gflops": work / seconds, "mfu": work / seconds / report["gemm_rate_gflops"]}
-    if "gemm_rate_gflops_streamed" in report:
-        out["mfu_streamed"] = work / seconds / report["gemm_rate_gflops_streamed"]
+    out = {"achieved_gflops": work / seconds}
+    for b in BASELINES:
+        if f"gemm_rate_gflops{b}" in report:
+            out[f"mfu{b}"] = work / seconds / report[f"gemm_rate_gflops{b}"]
     if cpu_seconds is not None:
-        out["mfu_cpu_time"] = work / cpu_seconds / report["gemm_rate_gflops_cpu_time"]
-        if "gemm_rate_gflops_streamed_cpu_time" in report:
-            out["mfu_streamed_cpu_time"] = work / cpu_seconds / report["gemm_rate_gflops_streamed_cpu_time"]
+        for b in BASELINES:
+            if f"gemm_rate_gflops{b}_cpu_time" in report:
+                out[f"mfu{b}_cpu_time"] = work / cpu_seconds / report[f"gemm_rate_gflops{b}_cpu_time"]
     return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -107,7 +108,7 @@ def test_utilisation_is_achieved_rate_over_gemm_rate():
     assert utilisation(report, seconds=0.5)["mfu"] == pytest.approx(1.0)
 
 
-def test_utilisation_against_both_baselines():
+def test_utilisation_against_every_baseline():
     report = {
         "linear_gflop": 30.0,
         "attention_gflop": 10.0,
@@ -115,14 +116,18 @@ def test_utilisation_against_both_baselines():
         "gemm_rate_gflops_cpu_time": 100.0,
         "gemm_rate_gflops_streamed": 50.0,
         "gemm_rate_gflops_streamed_cpu_time": 40.0,
+        "gemm_rate_gflops_streamed_nk": 64.0,
+        "gemm_rate_gflops_streamed_nk_cpu_time": 32.0,
     }
     out = utilisation(report, seconds=1.0, cpu_seconds=2.0)
     assert out == {
         "achieved_gflops": 40.0,
         "mfu": 0.5,
         "mfu_streamed": 0.8,
+        "mfu_streamed_nk": 0.625,
         "mfu_cpu_time": pytest.approx(0.2),
         "mfu_streamed_cpu_time": pytest.approx(0.5),
+        "mfu_streamed_nk_cpu_time": pytest.approx(0.625),
     }
 
 
@@ -150,23 +155,34 @@ def test_streamed_timing_uses_every_weight_once_per_pass(monkeypatch):
     assert used == [w.data_ptr() for w in weights] * 2
 
 
+def test_streamed_nk_timing_multiplies_by_the_transposed_weights(monkeypatch):
+    used = []
+    monkeypatch.setattr(mfu, "F", SimpleNamespace(linear=lambda a, w: used.append((a.shape, w.data_ptr()))))
+    weights = [torch.zeros(3, 4) for _ in range(2)]  # [N, K]: 3 outputs from 4 inputs
+    time_gemm_streamed(5, weights, nk=True, repeats=1)
+    assert used == [((5, 4), w.data_ptr()) for w in weights]
+
+
 def test_gemm_baseline_weights_each_shape_by_its_count(monkeypatch):
     built = []
 
-    def fake_weight_set(k, n, dtype, cache_bytes):
-        built.append((k, n))
+    def fake_weight_set(k, n, dtype, cache_bytes, nk=False):
+        built.append((k, n, nk))
         return [(k, n)] * 3
 
-    # Per-call seconds that identify the shape: warm M + K/1000, streamed 10x that; CPU time half of wall.
+    def fake_streamed(m, ws, nk=False):
+        per_call = (100 if nk else 10) * (m + ws[0][0] / 1000)
+        return per_call, per_call / 2
+
+    # Per-call seconds that identify the shape: warm M + K/1000, streamed 10x and streamed_nk 100x that;
+    # CPU time half of wall.
     monkeypatch.setattr(mfu, "weight_set", fake_weight_set)
     monkeypatch.setattr(mfu, "time_gemm", lambda s, dtype: (s[0] + s[1] / 1000, (s[0] + s[1] / 1000) / 2))
-    monkeypatch.setattr(
-        mfu, "time_gemm_streamed", lambda m, ws: (10 * (m + ws[0][0] / 1000), 5 * (m + ws[0][0] / 1000))
-    )
+    monkeypatch.setattr(mfu, "time_gemm_streamed", fake_streamed)
     counts = Counter({(1, 8, 16): 3, (2, 8, 16): 2, (1, 20, 8): 4})
     t = gemm_baseline(counts, torch.float32, cache_bytes=1 << 20)
-    assert sorted(built) == [(8, 16), (20, 8)]  # one weight set per [K, N], shared by its row counts
+    # one weight set per weight shape and layout, shared by its row counts
+    assert sorted(built) == [(8, 16, False), (8, 16, True), (20, 8, False), (20, 8, True)]
     warm = 3 * 1.008 + 2 * 2.008 + 4 * 1.02
-    assert t == GemmSeconds(
-        pytest.approx(warm), pytest.approx(warm / 2), pytest.approx(10 * warm), pytest.approx(5 * warm)
-    )
+    expected = [warm, warm / 2, 10 * warm, 5 * warm, 100 * warm, 50 * warm]
+    assert t == GemmSeconds(*(pytest.approx(x) for x in expected))
