@@ -7,10 +7,13 @@ at most) are still there when the attention right after the gather reads them.
 
 Per sequence and layer: a gather of its KV blocks (index_select over whole blocks), then one SDPA call.
 The per-sequence calls are few because each one costs a few microseconds of dispatch, and a decode step
-makes (sequences x layers) of them: K and V are gathered by one index_select over the layer's [2, ...] pair
-(the pool keeps a layer's V right after its K), each is then one as_strided view [1, kv_heads, L, D] of the
-gathered blocks, and a sequence whose blocks are consecutive in the pool is not gathered at all: its K and
-V are as_strided views of the cache itself. Decode-only steps concatenate the SDPA outputs as they come.
+makes (sequences x layers) of them: K and V are each one as_strided view [1, kv_heads, L, D] of their
+gathered blocks (not view, slice, transpose, unsqueeze), a sequence whose blocks are consecutive in the pool
+is not gathered at all (its K and V are as_strided views of the cache itself), and decode-only steps
+concatenate the SDPA outputs as they come. K and V are gathered by two index_selects, not one over the
+layer's [2, ...] pair of the pool: in one buffer, V sits a multiple of 32 KiB (one block) after K, so
+SDPA's reads of a key row and its value row fall in the same L1 set; measured 1.47x slower than two
+buffers (32 sequences of 36-389 tokens, fp32, benchmarks/torch_attention_before_after.py).
 A prefill chunk with no cached context reads this step's K/V rows directly and gathers nothing. A decode
 row needs no repeat for GQA: the G query heads sharing a KV head are laid out as G "query positions" of
 that head, q: [kv_heads, G, D], exact because a decode query sees every cached key. A chunk after cached
@@ -130,23 +133,9 @@ class LayerKV:
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         # caches: [num_blocks, block_size, kv_heads, D]
         self.k_cache, self.v_cache = k_cache, v_cache
-        num_blocks, self.block_size, self.kv_heads, self.d = k_cache.shape
-        self.block_numel = self.block_size * self.kv_heads * self.d
+        _, self.block_size, self.kv_heads, self.d = k_cache.shape
         # Views straight into the cache need its plain layout (the pool's); other caches are gathered.
         self.contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
-        # [2, num_blocks, block_numel]: K and V as one tensor, when V directly follows K in the same storage
-        # (the pool layout, engine/kv_cache.py), so one index_select gathers both.
-        self.pair = None
-        if (
-            self.contiguous
-            and k_cache.shape == v_cache.shape
-            and k_cache.dtype == v_cache.dtype
-            and k_cache.untyped_storage().data_ptr() == v_cache.untyped_storage().data_ptr()
-            and v_cache.storage_offset() - k_cache.storage_offset() == k_cache.numel()
-        ):
-            self.pair = k_cache.as_strided(
-                (2, num_blocks, self.block_numel), (k_cache.numel(), self.block_numel, 1)
-            )
 
     def context(self, s: _Seq) -> tuple[torch.Tensor, torch.Tensor]:
         kv_heads, d = self.kv_heads, self.d
@@ -156,12 +145,7 @@ class LayerKV:
             k = self.k_cache.as_strided(size, stride, self.k_cache.storage_offset() + at)
             return k, self.v_cache.as_strided(size, stride, self.v_cache.storage_offset() + at)
         at = s.skip * kv_heads * d
-        if self.pair is not None:
-            kv = self.pair.index_select(1, s.blocks)  # [2, num_seq_blocks, block_numel], contiguous
-            return kv.as_strided(size, stride, at), kv.as_strided(
-                size, stride, kv.shape[1] * self.block_numel + at
-            )
-        k, v = self.k_cache.index_select(0, s.blocks), self.v_cache.index_select(0, s.blocks)
+        k, v = self.k_cache.index_select(0, s.blocks), self.v_cache.index_select(0, s.blocks)  # contiguous
         return k.as_strided(size, stride, at), v.as_strided(size, stride, at)
 
 

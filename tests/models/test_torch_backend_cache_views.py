@@ -1,6 +1,6 @@
-"""How TorchAttentionBackend reads the cache: one gather for K and V over the pool's [2, ...] pair, no
-gather for a sequence whose blocks are consecutive, and the plain gather for any other cache layout; every
-way against the pure-torch paged-attention reference, with windows and soft-capping."""
+"""How TorchAttentionBackend reads the cache: no gather for a sequence whose blocks are consecutive, a
+gather of its blocks otherwise, and always a gather from caches that are not plain contiguous tensors;
+every way against the pure-torch paged-attention reference, with windows and soft-capping."""
 
 from __future__ import annotations
 
@@ -90,17 +90,6 @@ def test_every_cache_view_matches_the_reference(layout, runs, steps):
     for window, softcap in [(20, None), (None, 3.0), (37, 2.0)]:
         expected = paged_attention_ref(*batch.attention_args(0.125), window=window, softcap=softcap)
         assert_close(backend.forward(*args, window=window, softcap=softcap), expected)
-
-
-def test_pool_layers_gather_k_and_v_as_one_pair():
-    pool = torch.zeros(3, 2, 10, 4, 2, 8)
-    k_cache, v_cache = layer_views(pool)[2]
-    kv = LayerKV(k_cache, v_cache)
-    assert kv.pair is not None and kv.pair.shape == (2, 10, 4 * 2 * 8)
-    pool[2, 1, 6] = 5.0  # V's block 6
-    assert bool((kv.pair[1, 6] == 5.0).all()) and int(kv.pair.count_nonzero()) == 4 * 2 * 8
-    assert LayerKV(k_cache, layer_views(pool)[1][1]).pair is None  # another layer's V
-    assert LayerKV(k_cache.clone(), v_cache.clone()).pair is None
 
 
 def test_consecutive_blocks_are_read_in_place():
