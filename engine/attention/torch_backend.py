@@ -6,14 +6,6 @@ ms per layer in fp32, benchmarks/cpu_decode_attention.py): the padded copy (~180
 at most) are still there when the attention right after the gather reads them.
 
 Per sequence and layer: a gather of its KV blocks (index_select over whole blocks), then one SDPA call.
-The per-sequence calls are few because each one costs a few microseconds of dispatch, and a decode step
-makes (sequences x layers) of them: K and V are each one as_strided view [1, kv_heads, L, D] of their
-gathered blocks (not view, slice, transpose, unsqueeze), a sequence whose blocks are consecutive in the pool
-is not gathered at all (its K and V are as_strided views of the cache itself), and decode-only steps
-concatenate the SDPA outputs as they come. K and V are gathered by two index_selects, not one over the
-layer's [2, ...] pair of the pool: in one buffer, V sits a multiple of 32 KiB (one block) after K, so
-SDPA's reads of a key row and its value row fall in the same L1 set; measured 1.47x slower than two
-buffers (32 sequences of 36-389 tokens, fp32, benchmarks/torch_attention_before_after.py).
 A prefill chunk with no cached context reads this step's K/V rows directly and gathers nothing. A decode
 row needs no repeat for GQA: the G query heads sharing a KV head are laid out as G "query positions" of
 that head, q: [kv_heads, G, D], exact because a decode query sees every cached key. A chunk after cached
@@ -25,6 +17,16 @@ per step: each sequence reads only the blocks from the one holding its first que
 and a mask drops the keys below each row's window. A decode row's visible keys are then a plain slice, so
 it keeps the mask-free SDPA call. Soft-capping (softcap * tanh(logits / softcap)) has no SDPA form: those
 layers run the softmax explicitly, in fp32.
+
+Per-call work. Each torch call costs microseconds of dispatch and a decode step makes (sequences x layers)
+of them, so the loop makes few: K and V are each one as_strided view [1, kv_heads, L, D] of their gathered
+blocks (not view, slice, transpose, unsqueeze: ~36 aten calls per sequence and layer, from ~51), a
+sequence whose blocks are consecutive in the pool is not gathered at all (its K and V are as_strided views
+of the cache itself: ~24 calls), and decode-only steps concatenate the SDPA outputs once. K and V are
+gathered by two index_selects, not one over the layer's [2, ...] pair of the pool: that was 1.15-1.3x
+slower per layer (32 decode rows of 36-389 tokens, fp32, one thread, three runs interleaved with the code
+before either, benchmarks/torch_attention_before_after.py), likely because in one buffer V sits a multiple
+of 32 KiB (one block) after K, so SDPA's reads of a key row and its value row compete for the same L1 sets.
 """
 
 from __future__ import annotations
