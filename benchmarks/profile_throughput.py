@@ -4,8 +4,8 @@
 
 Runs the workload's first requests through one LLMEngine (greedy, ignore_eos) under the profiler and
 prints the table; writes it to benchmarks/results/profile-<workload>.txt. Then, for the matmul shapes
-that took the most time, the engine's time per call beside benchmarks/mfu.py's three baselines for the
-same shape (warm, streamed, streamed_nk): which of them the engine's matmuls run at. The profiler adds a
+that took the most time, the engine's time per call beside the three MFU baselines for the
+same shape (benchmarks/gemm_baseline.py): which of them the engine's matmuls run at. The profiler adds a
 few microseconds to every call, so the engine's figure is a little high for the shortest products.
 """
 
@@ -20,13 +20,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.mfu import (  # noqa: E402
-    flops,
-    last_level_cache_bytes,
-    time_gemm,
-    time_gemm_streamed,
-    weight_set,
-)
+from benchmarks.gemm_baseline import WeightStream, last_level_cache_bytes, streamed_calls, time_gemm  # noqa: E402
+from benchmarks.mfu import flops  # noqa: E402
 from benchmarks.workload import WORKLOADS, bench_engine, bench_model_dir  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
@@ -80,7 +75,7 @@ def mm_against_baselines(prof, top: int) -> str:
     mms = sorted(mms, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     cache = last_level_cache_bytes()
     lines = [
-        "aten::mm: engine against the baselines of benchmarks/mfu.py, microseconds per call (GFLOP/s)",
+        "aten::mm: engine against the baselines of benchmarks/gemm_baseline.py, microseconds per call (GFLOP/s)",
         f"{'M x K x N':>18} {'calls':>6} {'engine':>16} {'warm':>16} {'streamed':>16} {'streamed_nk':>16}",
     ]
     for e in mms:
@@ -88,13 +83,17 @@ def mm_against_baselines(prof, top: int) -> str:
         shape = (m, k, n)
         engine = e.self_cpu_time_total / e.count * 1e-6
         warm = time_gemm(shape, torch.float32)[0]
-        streamed = time_gemm_streamed(m, weight_set(k, n, torch.float32, cache))[0]
-        streamed_nk = time_gemm_streamed(m, weight_set(k, n, torch.float32, cache, nk=True), nk=True)[0]
+        streamed, streamed_nk = (_streamed(m, k, n, nk, warm, cache) for nk in (False, True))
         cells = " ".join(
             f"{t * 1e6:8.0f} ({flops(shape) / t / 1e9:5.1f})" for t in (engine, warm, streamed, streamed_nk)
         )
         lines.append(f"{m:>6} x {k:>4} x {n:>5} {e.count:>6} {cells}")
     return "\n".join(lines)
+
+
+def _streamed(m: int, k: int, n: int, nk: bool, warm: float, cache: int) -> float:
+    stream = WeightStream(k, n, torch.float32, cache, nk=nk)
+    return stream.time(m, streamed_calls(warm, len(stream.weights)))[0]
 
 
 if __name__ == "__main__":

@@ -4,24 +4,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import benchmarks.mfu as mfu
-from benchmarks.mfu import (
-    GemmSeconds,
-    StepRecorder,
-    flops,
-    gemm_baseline,
-    last_level_cache_bytes,
-    shape_counts,
-    streamed_copies,
-    time_gemm_streamed,
-    utilisation,
-)
+from benchmarks.mfu import StepRecorder, flops, shape_counts, utilisation
 from engine import LLMEngine, SamplingParams
 from engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 
@@ -129,60 +116,3 @@ def test_utilisation_against_every_baseline():
         "mfu_streamed_cpu_time": pytest.approx(0.5),
         "mfu_streamed_nk_cpu_time": pytest.approx(0.625),
     }
-
-
-def test_streamed_copies_fill_the_cache_several_times_over():
-    mib = 1 << 20
-    assert streamed_copies(6 * mib, 32 * mib, factor=4) == 22  # ceil(128 / 6): 132 MiB in all
-    assert streamed_copies(1 * mib, 32 * mib, factor=4) == 128
-    assert streamed_copies(64 * mib, 32 * mib, factor=4) == 2  # exactly 4x
-    assert streamed_copies(500 * mib, 32 * mib, factor=4) == 2  # never the same weight twice in a row
-
-
-def test_last_level_cache_is_the_largest_sysfs_cache(tmp_path):
-    for index, size in enumerate(["32K", "32K", "1024K", "32768K"]):
-        (tmp_path / f"index{index}").mkdir()
-        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
-    assert last_level_cache_bytes(tmp_path) == 32 << 20
-    assert last_level_cache_bytes(tmp_path / "missing") == mfu.DEFAULT_CACHE_BYTES
-
-
-def test_streamed_timing_uses_every_weight_once_per_pass(monkeypatch):
-    used = []
-    monkeypatch.setattr(mfu.torch, "matmul", lambda a, w, out: used.append(w.data_ptr()))
-    weights = [torch.zeros(4, 3) for _ in range(5)]
-    time_gemm_streamed(2, weights, repeats=2)
-    assert used == [w.data_ptr() for w in weights] * 2
-
-
-def test_streamed_nk_timing_multiplies_by_the_transposed_weights(monkeypatch):
-    used = []
-    monkeypatch.setattr(mfu, "F", SimpleNamespace(linear=lambda a, w: used.append((a.shape, w.data_ptr()))))
-    weights = [torch.zeros(3, 4) for _ in range(2)]  # [N, K]: 3 outputs from 4 inputs
-    time_gemm_streamed(5, weights, nk=True, repeats=1)
-    assert used == [((5, 4), w.data_ptr()) for w in weights]
-
-
-def test_gemm_baseline_weights_each_shape_by_its_count(monkeypatch):
-    built = []
-
-    def fake_weight_set(k, n, dtype, cache_bytes, nk=False):
-        built.append((k, n, nk))
-        return [(k, n)] * 3
-
-    def fake_streamed(m, ws, nk=False):
-        per_call = (100 if nk else 10) * (m + ws[0][0] / 1000)
-        return per_call, per_call / 2
-
-    # Per-call seconds that identify the shape: warm M + K/1000, streamed 10x and streamed_nk 100x that;
-    # CPU time half of wall.
-    monkeypatch.setattr(mfu, "weight_set", fake_weight_set)
-    monkeypatch.setattr(mfu, "time_gemm", lambda s, dtype: (s[0] + s[1] / 1000, (s[0] + s[1] / 1000) / 2))
-    monkeypatch.setattr(mfu, "time_gemm_streamed", fake_streamed)
-    counts = Counter({(1, 8, 16): 3, (2, 8, 16): 2, (1, 20, 8): 4})
-    t = gemm_baseline(counts, torch.float32, cache_bytes=1 << 20)
-    # one weight set per weight shape and layout, shared by its row counts
-    assert sorted(built) == [(8, 16, False), (8, 16, True), (20, 8, False), (20, 8, True)]
-    warm = 3 * 1.008 + 2 * 2.008 + 4 * 1.02
-    expected = [warm, warm / 2, 10 * warm, 5 * warm, 100 * warm, 50 * warm]
-    assert t == GemmSeconds(*(pytest.approx(x) for x in expected))
