@@ -20,13 +20,16 @@ layers run the softmax explicitly, in fp32.
 
 Per-call work. Each torch call costs microseconds of dispatch and a decode step makes (sequences x layers)
 of them, so the loop makes few: K and V are each one as_strided view [1, kv_heads, L, D] of their gathered
-blocks (not view, slice, transpose, unsqueeze: ~36 aten calls per sequence and layer, from ~51), a
-sequence whose blocks are consecutive in the pool is not gathered at all (its K and V are as_strided views
-of the cache itself: ~24 calls), and decode-only steps concatenate the SDPA outputs once. K and V are
-gathered by two index_selects, not one over the layer's [2, ...] pair of the pool: that was 1.15-1.3x
-slower per layer (32 decode rows of 36-389 tokens, fp32, one thread, three runs interleaved with the code
-before either, benchmarks/torch_attention_before_after.py), likely because in one buffer V sits a multiple
-of 32 KiB (one block) after K, so SDPA's reads of a key row and its value row compete for the same L1 sets.
+blocks (not view, slice, transpose, unsqueeze: ~36 aten calls per sequence and layer, from ~51), and
+decode-only steps concatenate the SDPA outputs once. Two things that look cheaper measured slower (fp32,
+one thread, a 1 GB pool, so K/V come from DRAM as in serving; benchmarks/torch_attention_before_after.py):
+- one index_select over the layer's [2, ...] pair of the pool instead of two: 1.15-1.3x slower per layer
+  (32 decode rows of 36-389 tokens), likely because in one buffer V sits a multiple of 32 KiB (one block)
+  after K, so SDPA's reads of a key row and its value row compete for the same L1 sets;
+- no gather for a sequence whose blocks are consecutive (K and V as views of the pool): 1.5x slower per
+  sequence at 13 blocks (154-161 vs 100-104 us), as slow at 2: SDPA reads each head's rows at a stride of
+  kv_heads * D, which from DRAM defeats the prefetcher, while index_select streams whole blocks and leaves
+  them in L2 for SDPA to read.
 """
 
 from __future__ import annotations
@@ -53,8 +56,6 @@ class _Seq:
     # [q_len, seq_len - lo] bool (True = attend); None with causal False: every key read is visible
     mask: torch.Tensor | None
     causal: bool  # a square causal chunk (no cached context, no window cut): SDPA's is_causal
-    # blocks[0] when the blocks are consecutive ids (b, b + 1, ...): the keys are a view of the cache
-    first_block: int | None = None
 
 
 @dataclass
@@ -98,57 +99,17 @@ def plan_seqs(meta: AttentionMetadata, block_size: int, window: int | None) -> l
                 mask &= pos - key < window
         seqs.append(_Seq(start, start + q, lo, n, blocks, skip, mask, causal))
         start += q
-    gathered = [s for s, seq in enumerate(seqs) if seq.blocks is not None]
-    if gathered:
-        firsts = consecutive_starts(
-            meta.block_tables[gathered],
-            [seqs[s].lo // block_size for s in gathered],
-            [-(-seqs[s].seq_len // block_size) for s in gathered],
-        )
-        for s, first in zip(gathered, firsts, strict=True):
-            seqs[s].first_block = first
     return seqs
 
 
-def consecutive_starts(table: torch.Tensor, first: list[int], last: list[int]) -> list[int | None]:
-    """For each row r of `table` ([R, W] int block ids): table[r, first[r]] when table[r, first[r]:last[r]]
-    counts up by one (b, b + 1, ...), else None. A few tensor ops for all rows, one host read."""
-    dev = table.device
-    cols = torch.arange(table.shape[1], device=dev)  # [W]
-    lo = torch.tensor(first, device=dev)[:, None]  # [R, 1]
-    hi = torch.tensor(last, device=dev)[:, None]
-    inside = (cols >= lo) & (cols < hi)  # [R, W]
-    ids = table.long()
-    offset = ids - cols  # [R, W]: the same value all along a run that counts up by one
-    big = torch.iinfo(torch.int64).max
-    top = offset.masked_fill(~inside, -big).amax(1)
-    bottom = offset.masked_fill(~inside, big).amin(1)
-    starts = ids.gather(1, lo).squeeze(1)
-    rows = zip(starts.tolist(), (top == bottom).tolist(), strict=True)
-    return [b if run else None for b, run in rows]
-
-
-class LayerKV:
-    """One layer's cache as forward reads it: a sequence's visible keys and values as [1, kv_heads, L, D]
-    views (strided: key l of head h at (skip + l) * kv_heads * D + h * D of the sequence's blocks)."""
-
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        # caches: [num_blocks, block_size, kv_heads, D]
-        self.k_cache, self.v_cache = k_cache, v_cache
-        _, self.block_size, self.kv_heads, self.d = k_cache.shape
-        # Views straight into the cache need its plain layout (the pool's); other caches are gathered.
-        self.contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
-
-    def context(self, s: _Seq) -> tuple[torch.Tensor, torch.Tensor]:
-        kv_heads, d = self.kv_heads, self.d
-        size, stride = (1, kv_heads, s.seq_len - s.lo, d), (kv_heads * d, d, kv_heads * d, 1)
-        if s.first_block is not None and self.contiguous:  # consecutive blocks: nothing copied
-            at = (s.first_block * self.block_size + s.skip) * kv_heads * d
-            k = self.k_cache.as_strided(size, stride, self.k_cache.storage_offset() + at)
-            return k, self.v_cache.as_strided(size, stride, self.v_cache.storage_offset() + at)
-        at = s.skip * kv_heads * d
-        k, v = self.k_cache.index_select(0, s.blocks), self.v_cache.index_select(0, s.blocks)  # contiguous
-        return k.as_strided(size, stride, at), v.as_strided(size, stride, at)
+def gathered_kv(s: _Seq, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence s's visible cached keys and values, each [1, kv_heads, L, D] (L = seq_len - lo): one
+    as_strided view of its gathered blocks, key l of head h at (skip + l) * kv_heads * D + h * D."""
+    kv_heads, d = k_cache.shape[2], k_cache.shape[3]
+    size, stride = (1, kv_heads, s.seq_len - s.lo, d), (kv_heads * d, d, kv_heads * d, 1)
+    at = s.skip * kv_heads * d
+    k, v = k_cache.index_select(0, s.blocks), v_cache.index_select(0, s.blocks)  # contiguous
+    return k.as_strided(size, stride, at), v.as_strided(size, stride, at)
 
 
 def _softcapped_attention(q, k, v, s: _Seq, scale: float, softcap: float) -> torch.Tensor:
@@ -209,7 +170,6 @@ class TorchAttentionBackend:
         t, heads, d = query.shape
         kv_heads = k_cache.shape[2]
         seqs = p.by_window[window]
-        cache = LayerKV(k_cache, v_cache)
         # A decode row's G query heads per KV head as G "query positions": [T, kv_heads, G, D]
         grouped = query.view(t, kv_heads, heads // kv_heads, d)
         decode_only = softcap is None and p.num_real == len(seqs)  # one row per sequence
@@ -219,7 +179,7 @@ class TorchAttentionBackend:
                 k, v = key[s.start + s.lo : s.end], value[s.start + s.lo : s.end]  # [L, kv_heads, D]
                 k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, kv_heads, L, D]
             else:
-                k, v = cache.context(s)
+                k, v = gathered_kv(s, k_cache, v_cache)
             if softcap is not None:
                 q = query[s.start : s.end]  # [q_len, heads, D]
                 outs.append(_softcapped_attention(q, k[0], v[0], s, scale, softcap))

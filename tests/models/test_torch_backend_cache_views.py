@@ -1,6 +1,7 @@
-"""How TorchAttentionBackend reads the cache: no gather for a sequence whose blocks are consecutive, a
-gather of its blocks otherwise, and always a gather from caches that are not plain contiguous tensors;
-every way against the pure-torch paged-attention reference, with windows and soft-capping."""
+"""TorchAttentionBackend's views of the gathered K/V (as_strided, with the window's skip) and its decode-only
+output path, against the pure-torch paged-attention reference: caches laid out as the pool's layer views,
+as separate tensors and as non-contiguous tensors; blocks scattered, in consecutive runs, or both; with
+windows and soft-capping."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import pytest
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import LayerKV, TorchAttentionBackend, consecutive_starts, plan_seqs
+from engine.attention.torch_backend import TorchAttentionBackend
 from engine.kv_cache import layer_views
 from kernels.paged_attention import paged_attention_ref
-from tests.helpers.model_helpers import metadata
 from tests.helpers.paged_batch import assert_close, make_batch
 
 BLOCK = 16
@@ -90,32 +90,3 @@ def test_every_cache_view_matches_the_reference(layout, runs, steps):
     for window, softcap in [(20, None), (None, 3.0), (37, 2.0)]:
         expected = paged_attention_ref(*batch.attention_args(0.125), window=window, softcap=softcap)
         assert_close(backend.forward(*args, window=window, softcap=softcap), expected)
-
-
-def test_consecutive_blocks_are_read_in_place():
-    pool = torch.randn(1, 2, 12, 4, 2, 8)
-    k_cache, v_cache = layer_views(pool)[0]
-    meta = metadata([(9, 1, [5, 6, 7]), (9, 1, [5, 9, 7])], 4)
-    cache = LayerKV(k_cache, v_cache)
-    run, scattered = plan_seqs(meta, 4, None)
-    assert (run.first_block, scattered.first_block) == (5, None)
-    k, v = cache.context(run)
-    assert k.data_ptr() == k_cache[5].data_ptr() and v.data_ptr() == v_cache[5].data_ptr()  # views: no copy
-    torch.testing.assert_close(k[0], k_cache[5:8].reshape(12, 2, 8)[:10].transpose(0, 1))
-    k, v = cache.context(scattered)
-    assert k.untyped_storage().data_ptr() != pool.untyped_storage().data_ptr()  # gathered
-    torch.testing.assert_close(v[0], v_cache[[5, 9, 7]].reshape(12, 2, 8)[:10].transpose(0, 1))
-
-
-def test_consecutive_starts():
-    table = torch.tensor(
-        [
-            [9, 4, 5, 6, 0],  # a run inside [1, 4), not outside it
-            [3, 4, 6, 7, 0],
-            [8, 0, 0, 0, 0],  # one block
-            [2, 3, 4, 5, 6],
-            [7, 6, 5, 4, 3],  # counting down is not a run
-        ],
-        dtype=torch.int32,
-    )
-    assert consecutive_starts(table, [1, 0, 0, 2, 0], [4, 4, 1, 5, 2]) == [4, None, 8, 4, None]
