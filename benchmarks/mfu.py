@@ -12,20 +12,25 @@ what was actually computed):
                  B rows (one per sampled sequence) through the LM head;
   attention      QK^T and PV over the causal context of every query row: query i of a chunk that starts
                  at position p sees p + i + 1 keys.
-The GEMM baseline times torch.matmul once per distinct linear shape (the minimum of a few repeats) and
-weights it by how often the run issued that shape; attention is not in the baseline (its shapes change
-every step), so MFU counts attention FLOPs as work but measures the rate against the linear layers'.
+The GEMM baseline times each distinct linear shape alone and weights it by how often the run issued that
+shape; attention is not in the baseline (its shapes change every step), so MFU counts attention FLOPs as
+work but measures the rate against the linear layers'.
+
+Three baselines (benchmarks/gemm_baseline.py): `warm` (one [K, N] weight kept in cache), `streamed` (the
+weight read from DRAM on every call, as in the engine) and `streamed_nk` (the same in nn.Linear's [N, K]
+layout, as the engine holds its weights). MFU against streamed_nk is the honest one for the engine as it
+is; against streamed, the room a [K, N] weight layout would leave; against warm, the ceiling a perfectly
+cache-blocked schedule could approach.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
-Shape = tuple[int, int, int]  # (M, K, N) of one [M, K] x [K, N] product
+from benchmarks.gemm_baseline import Shape, gemm_baseline, last_level_cache_bytes, streamed_copies
 
 
 @dataclass
@@ -84,55 +89,54 @@ def flops(shape: Shape) -> int:
     return 2 * m * k * n
 
 
-def time_gemm(shape: Shape, dtype: torch.dtype, repeats: int = 3) -> tuple[float, float]:
-    """(wall, process CPU) seconds of one torch.matmul at this shape: each the minimum over repeats,
-    after one untimed call."""
-    m, k, n = shape
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    out = torch.empty(m, n, dtype=dtype)
-    torch.matmul(a, b, out=out)
-    wall = cpu = float("inf")
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        torch.matmul(a, b, out=out)
-        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
-    return wall, cpu
-
-
-def gemm_baseline(counts: Counter[Shape], dtype: torch.dtype) -> tuple[float, float]:
-    """(wall, CPU) seconds the run's linear products take as lone matmuls."""
-    wall = cpu = 0.0
-    for shape, n in counts.items():
-        w, c = time_gemm(shape, dtype)
-        wall, cpu = wall + n * w, cpu + n * c
-    return wall, cpu
-
-
-def mfu_report(rec: StepRecorder, dtype: torch.dtype) -> dict:
-    """The run's FLOPs and the GEMM rate of its shapes; `utilisation(report, seconds)` turns it into MFU."""
+def mfu_report(rec: StepRecorder, dtype: torch.dtype, cache_bytes: int | None = None) -> dict:
+    """The run's FLOPs and the GEMM rates of its shapes; `utilisation(report, seconds)` turns it into MFU."""
     args = rec.model_args
     counts = shape_counts(rec, args)
     linear = sum(n * flops(s) for s, n in counts.items())
     attention = 4 * rec.attended_keys * args.num_heads * args.head_dim * args.num_layers
-    gemm_seconds, gemm_cpu_seconds = gemm_baseline(counts, dtype)
+    cache_bytes = cache_bytes or last_level_cache_bytes()
+    t = gemm_baseline(counts, dtype, cache_bytes)
     return {
         "steps": len(rec.rows),
         "linear_gflop": linear / 1e9,
         "attention_gflop": attention / 1e9,
         "gemm_shapes_timed": len(counts),
-        "gemm_seconds_at_run_shapes": gemm_seconds,
-        "gemm_rate_gflops": linear / gemm_seconds / 1e9,
+        "gemm_seconds_at_run_shapes": t.warm,
+        "gemm_rate_gflops": linear / t.warm / 1e9,
         # The same in process CPU time: on a busy machine wall time counts the turns other processes
         # take; compare with a run's `cpu_seconds` (utilisation(..., cpu_seconds=...)).
-        "gemm_rate_gflops_cpu_time": linear / gemm_cpu_seconds / 1e9,
+        "gemm_rate_gflops_cpu_time": linear / t.warm_cpu / 1e9,
+        # The streamed baselines: every call's weight read from DRAM (benchmarks/gemm_baseline.py).
+        "streamed_cache_bytes": cache_bytes,
+        "streamed_weights_per_shape": {
+            f"{k}x{n}": streamed_copies(k * n * dtype.itemsize, cache_bytes)
+            for k, n in sorted({(k, n) for _, k, n in counts})
+        },
+        "gemm_seconds_at_run_shapes_streamed": t.streamed,
+        "gemm_rate_gflops_streamed": linear / t.streamed / 1e9,
+        "gemm_rate_gflops_streamed_cpu_time": linear / t.streamed_cpu / 1e9,
+        # The same with the engine's weight layout ([N, K] through F.linear).
+        "gemm_seconds_at_run_shapes_streamed_nk": t.streamed_nk,
+        "gemm_rate_gflops_streamed_nk": linear / t.streamed_nk / 1e9,
+        "gemm_rate_gflops_streamed_nk_cpu_time": linear / t.streamed_nk_cpu / 1e9,
     }
 
 
+BASELINES = ("", "_streamed", "_streamed_nk")  # suffixes of the report's GEMM rates and of the MFU keys
+
+
 def utilisation(report: dict, seconds: float, cpu_seconds: float | None = None) -> dict:
-    """Achieved GFLOP/s of a run that did the recorded work in `seconds`, and its share of the GEMM rate;
-    with `cpu_seconds`, also the share in CPU time (`mfu_cpu_time`)."""
+    """Achieved GFLOP/s of a run that did the recorded work in `seconds`, and its share of each GEMM rate
+    the report has (`mfu` warm, `mfu_streamed`, `mfu_streamed_nk`); with `cpu_seconds`, also the shares
+    in CPU time (`mfu_cpu_time`, ...)."""
     work = report["linear_gflop"] + report["attention_gflop"]
-    out = {"achieved_gflops": work / seconds, "mfu": work / seconds / report["gemm_rate_gflops"]}
+    out = {"achieved_gflops": work / seconds}
+    for b in BASELINES:
+        if f"gemm_rate_gflops{b}" in report:
+            out[f"mfu{b}"] = work / seconds / report[f"gemm_rate_gflops{b}"]
     if cpu_seconds is not None:
-        out["mfu_cpu_time"] = work / cpu_seconds / report["gemm_rate_gflops_cpu_time"]
+        for b in BASELINES:
+            if f"gemm_rate_gflops{b}_cpu_time" in report:
+                out[f"mfu{b}_cpu_time"] = work / cpu_seconds / report[f"gemm_rate_gflops{b}_cpu_time"]
     return out

@@ -17,6 +17,19 @@ per step: each sequence reads only the blocks from the one holding its first que
 and a mask drops the keys below each row's window. A decode row's visible keys are then a plain slice, so
 it keeps the mask-free SDPA call. Soft-capping (softcap * tanh(logits / softcap)) has no SDPA form: those
 layers run the softmax explicitly, in fp32.
+
+Per-call work. Each torch call costs microseconds of dispatch and a decode step makes (sequences x layers)
+of them, so the loop makes few: K and V are each one as_strided view [1, kv_heads, L, D] of their gathered
+blocks (not view, slice, transpose, unsqueeze: ~36 aten calls per sequence and layer, from ~51), and
+decode-only steps concatenate the SDPA outputs once. Two things that look cheaper measured slower (fp32,
+one thread, a 1 GB pool, so K/V come from DRAM as in serving; benchmarks/torch_attention_before_after.py):
+- one index_select over the layer's [2, ...] pair of the pool instead of two: 1.15-1.3x slower per layer
+  (32 decode rows of 36-389 tokens), likely because in one buffer V sits a multiple of 32 KiB (one block)
+  after K, so SDPA's reads of a key row and its value row compete for the same L1 sets;
+- no gather for a sequence whose blocks are consecutive (K and V as views of the pool): 1.5x slower per
+  sequence at 13 blocks (154-161 vs 100-104 us), as slow at 2: SDPA reads each head's rows at a stride of
+  kv_heads * D, which from DRAM defeats the prefetcher, while index_select streams whole blocks and leaves
+  them in L2 for SDPA to read.
 """
 
 from __future__ import annotations
@@ -89,6 +102,16 @@ def plan_seqs(meta: AttentionMetadata, block_size: int, window: int | None) -> l
     return seqs
 
 
+def gathered_kv(s: _Seq, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence s's visible cached keys and values, each [1, kv_heads, L, D] (L = seq_len - lo): one
+    as_strided view of its gathered blocks, key l of head h at (skip + l) * kv_heads * D + h * D."""
+    kv_heads, d = k_cache.shape[2], k_cache.shape[3]
+    size, stride = (1, kv_heads, s.seq_len - s.lo, d), (kv_heads * d, d, kv_heads * d, 1)
+    at = s.skip * kv_heads * d
+    k, v = k_cache.index_select(0, s.blocks), v_cache.index_select(0, s.blocks)  # contiguous
+    return k.as_strided(size, stride, at), v.as_strided(size, stride, at)
+
+
 def _softcapped_attention(q, k, v, s: _Seq, scale: float, softcap: float) -> torch.Tensor:
     # q: [q_len, heads, D]; k/v: [kv_heads, L, D] -> [q_len, heads, D]. Explicit softmax in fp32.
     q_len, heads, d = q.shape
@@ -146,35 +169,38 @@ class TorchAttentionBackend:
             p.by_window[window] = plan_seqs(meta, p.block_size, window)
         t, heads, d = query.shape
         kv_heads = k_cache.shape[2]
+        seqs = p.by_window[window]
+        # A decode row's G query heads per KV head as G "query positions": [T, kv_heads, G, D]
+        grouped = query.view(t, kv_heads, heads // kv_heads, d)
+        decode_only = softcap is None and p.num_real == len(seqs)  # one row per sequence
         outs = []
-        for s in p.by_window[window]:
+        for s in seqs:
             if s.blocks is None:
                 k, v = key[s.start + s.lo : s.end], value[s.start + s.lo : s.end]  # [L, kv_heads, D]
+                k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, kv_heads, L, D]
             else:
-                length = s.seq_len - s.lo
-                k = k_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[s.skip : s.skip + length]
-                v = v_cache.index_select(0, s.blocks).view(-1, kv_heads, d)[s.skip : s.skip + length]
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, L, D]
-            q = query[s.start : s.end]  # [q_len, heads, D]
+                k, v = gathered_kv(s, k_cache, v_cache)
             if softcap is not None:
-                outs.append(_softcapped_attention(q, k, v, s, scale, softcap))
+                q = query[s.start : s.end]  # [q_len, heads, D]
+                outs.append(_softcapped_attention(q, k[0], v[0], s, scale, softcap))
                 continue
             if s.end - s.start == 1:
                 # 4-D inputs: SDPA's CPU flash kernel (3-D falls back to the slower math path)
-                q = q.view(1, kv_heads, heads // kv_heads, d)
-                o = F.scaled_dot_product_attention(q, k[None], v[None], scale=scale)
-                outs.append(o.reshape(1, heads, d))
+                o = F.scaled_dot_product_attention(grouped[s.start : s.end], k, v, scale=scale)
+                outs.append(o if decode_only else o.reshape(1, heads, d))  # o: [1, kv_heads, G, D]
                 continue
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                k[None],
-                v[None],
+                query[s.start : s.end].transpose(0, 1)[None],
+                k,
+                v,
                 attn_mask=s.mask,
                 is_causal=s.causal,
                 scale=scale,
                 enable_gqa=heads != kv_heads,
             )
             outs.append(o[0].transpose(0, 1))
+        if decode_only:
+            outs = [torch.cat(outs).view(len(seqs), heads, d)]
         if p.num_real < t:
             outs.append(query.new_zeros(t - p.num_real, heads, d))
         return torch.cat(outs) if len(outs) > 1 else outs[0].contiguous()

@@ -93,3 +93,26 @@ def test_utilisation_is_achieved_rate_over_gemm_rate():
     assert utilisation(report, seconds=1.0) == {"achieved_gflops": 40.0, "mfu": 0.5}
     assert utilisation(report, seconds=1.0, cpu_seconds=0.8)["mfu_cpu_time"] == pytest.approx(0.5)
     assert utilisation(report, seconds=0.5)["mfu"] == pytest.approx(1.0)
+
+
+def test_utilisation_against_every_baseline():
+    report = {
+        "linear_gflop": 30.0,
+        "attention_gflop": 10.0,
+        "gemm_rate_gflops": 80.0,
+        "gemm_rate_gflops_cpu_time": 100.0,
+        "gemm_rate_gflops_streamed": 50.0,
+        "gemm_rate_gflops_streamed_cpu_time": 40.0,
+        "gemm_rate_gflops_streamed_nk": 64.0,
+        "gemm_rate_gflops_streamed_nk_cpu_time": 32.0,
+    }
+    out = utilisation(report, seconds=1.0, cpu_seconds=2.0)
+    assert out == {
+        "achieved_gflops": 40.0,
+        "mfu": 0.5,
+        "mfu_streamed": 0.8,
+        "mfu_streamed_nk": 0.625,
+        "mfu_cpu_time": pytest.approx(0.2),
+        "mfu_streamed_cpu_time": pytest.approx(0.5),
+        "mfu_streamed_nk_cpu_time": pytest.approx(0.625),
+    }
