@@ -86,6 +86,26 @@ class LocalCluster:
                         except redis.ResponseError:
                             pass
 
+    def spread_shards(self, keys: list[str]) -> None:
+        """Move slots until every master holds the slots of as many of `keys` as any other, +-1. With N
+        shards only N slots carry the load, and slot ranges spread evenly do not spread N tags evenly
+        (`{s0}`..`{s7}` fall 2/2/4 on three masters' even ranges, `{s0}`..`{s5}` 1/1/4)."""
+        port = next(s.port for s in self.servers if s.port not in self.killed)
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=port, password=self.password) as client:
+            masters = [n.port for n in client.get_primaries()]
+        held: dict[int, list[str]] = {m: [] for m in masters}
+        for key in keys:
+            held[self.master_of(key).port].append(key)
+        while True:
+            most = max(masters, key=lambda m: len(held[m]))
+            least = min(masters, key=lambda m: len(held[m]))
+            if len(held[most]) - len(held[least]) <= 1:
+                return
+            key = held[most].pop()
+            to = next(s for s in self.servers if s.port == least)
+            self.move_slot(key, to)
+            held[least].append(key)
+
     def wait_ok(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and agrees that every master it knows is alive."""
         deadline = time.monotonic() + timeout_s
