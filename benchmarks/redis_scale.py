@@ -27,7 +27,8 @@ Reported per run (`per_million_events` sums over the masters unless named per ma
   cron, and the few commands sent outside a round (blocking reads while idle, this script's INFO);
 - `per_thousand_events`: rounds (EXEC calls), script calls, XREADGROUP calls, read events (about one per
   client round trip);
-- `masters`: per master its events (one PUBLISH/SPUBLISH each), CPU and its replicas' CPU per million of
+- `us_per_call`: microseconds per call of EXEC, EVALSHA, XADD, PUBLISH/SPUBLISH, XREADGROUP;
+- `masters_detail`: per master its events (one PUBLISH/SPUBLISH each), CPU and its replicas' CPU per million of
   them;
 - `projected_redis_bound_events_per_s` = events / the busiest master's CPU seconds: A PROJECTION, NOT A
   MEASUREMENT: the rate at which that server would fill one core, were nothing else the limit.
@@ -145,8 +146,8 @@ def start_single(replicas: int, folder: Path) -> Servers:
     )
 
 
-def start_cluster(replicas: int, shards: int, spread: bool, folder: Path) -> Servers:
-    cluster = local_cluster.start(folder, replicas=replicas)
+def start_cluster(masters: int, replicas: int, shards: int, spread: bool, folder: Path) -> Servers:
+    cluster = local_cluster.start(folder, masters=masters, replicas=replicas)
     try:
         streams = [k.requests for k in ShardedKeys("conveyor", shards).all()]
         if spread:
@@ -256,7 +257,7 @@ def submit(servers: Servers, cluster: bool, shards: int, jobs: list[dict]) -> No
 def run(args, cluster: bool, replicas: int) -> dict:
     folder = Path(tempfile.mkdtemp())
     servers = (
-        start_cluster(replicas, args.shards, args.spread, folder)
+        start_cluster(args.masters, replicas, args.shards, args.spread, folder)
         if cluster
         else start_single(replicas, folder)
     )
@@ -355,6 +356,22 @@ def report(args, cluster, replicas, workers, servers: Servers, delta: dict[int, 
             )
         }
         | {"reads": round(sum(s.reads for s in masters) / events * 1e3, 1)},
+        # Microseconds per call, over the masters (commandstats): what one command costs in each mode.
+        "us_per_call": {
+            name: round(
+                sum(usec(s, *commands) for s in masters)
+                * 1e6
+                / max(1, sum(calls(s, *commands) for s in masters)),
+                2,
+            )
+            for name, commands in (
+                ("exec", ("exec",)),
+                ("evalsha", ("evalsha",)),
+                ("xadd", ("xadd",)),
+                ("publish_or_spublish", ("publish", "spublish")),
+                ("xreadgroup", ("xreadgroup",)),
+            )
+        },
         "masters_detail": per_master,
         # A projection, not a measurement (see the docstring).
         "projected_redis_bound_events_per_s": round(events / max(s.cpu for s in masters)),
@@ -373,6 +390,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--step-ms", type=float, default=0.0, help="the stub engine's step time (0: none)")
     parser.add_argument("--shards", type=int, default=6)
+    parser.add_argument(
+        "--masters", type=int, default=3, help="the cluster's (1: cluster mode alone, against one Redis)"
+    )
     parser.add_argument("--no-spread", dest="spread", action="store_false", help="keep the slots as created")
     parser.add_argument(
         "--replicas", type=int, nargs="+", default=[0, 1], help="per master, one pairing each"

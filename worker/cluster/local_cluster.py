@@ -183,30 +183,61 @@ def start(
                 *(node_args(port) if node_args else []),  # e.g. TLS, per node
             ]  # fmt: skip
             servers.append(local_redis.start(port, args, password=password))
-        addresses = [f"127.0.0.1:{s.port}" for s in servers]
-        done = subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *addresses,
-                "--cluster-replicas",
-                str(replicas),
-                "--cluster-yes",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, **({"REDISCLI_AUTH": password} if password else {})},  # not in argv
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")
+        if masters == 1:
+            _create_one_master(cluster)
+        else:
+            _create(cluster, replicas)
         cluster.wait_ok()
         _wait_replicas_synced(cluster, replicas)
         return cluster
     except BaseException:
         cluster.stop()
         raise
+
+
+def _create_one_master(cluster: LocalCluster) -> None:
+    """All slots on the first server, the others its replicas (`redis-cli --cluster create` wants 3
+    masters; one is for measuring cluster mode against one plain Redis, benchmarks/redis_scale.py)."""
+    first, *others = cluster.servers
+    with cluster.node(first.port) as master:
+        master.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        master_id = master.execute_command("CLUSTER", "MYID").decode()
+        for server in others:
+            master.execute_command("CLUSTER", "MEET", "127.0.0.1", server.port)
+    for server in others:
+        with cluster.node(server.port) as replica:
+            deadline = time.monotonic() + 30
+            while True:  # it must know the master (gossip) before it can follow it
+                try:
+                    replica.execute_command("CLUSTER", "REPLICATE", master_id)
+                    break
+                except redis.ResponseError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+
+def _create(cluster: LocalCluster, replicas: int) -> None:
+    """`redis-cli --cluster create`: the slots split evenly over the masters, replicas assigned."""
+    password = cluster.password
+    addresses = [f"127.0.0.1:{s.port}" for s in cluster.servers]
+    done = subprocess.run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *addresses,
+            "--cluster-replicas",
+            str(replicas),
+            "--cluster-yes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **({"REDISCLI_AUTH": password} if password else {})},  # not in argv
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")
 
 
 def _wait_replicas_synced(cluster: LocalCluster, replicas: int, timeout_s: float = 30) -> None:

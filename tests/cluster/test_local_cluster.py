@@ -1,4 +1,4 @@
-"""LocalCluster.spread_shards: each master holds as many shards' slots as the others, +-1."""
+"""LocalCluster: shards spread evenly over the masters (spread_shards), and a cluster of one master."""
 
 from __future__ import annotations
 
@@ -40,5 +40,22 @@ def test_six_shards_two_on_each_master_then_eight_three_three_two(tmp_path):
         cluster.spread_shards(eight)
         assert per_master(cluster, eight) == [2, 3, 3]
         cluster.wait_ok()
+    finally:
+        cluster.stop()
+
+
+def test_a_one_master_cluster_with_its_replica(tmp_path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is needed")
+    cluster = local_cluster.start(tmp_path, masters=1, replicas=1)
+    try:
+        master, replica = cluster.servers
+        six = [k.requests for k in ShardedKeys("conveyor", 6).all()]
+        assert {cluster.master_of(key).port for key in six} == {master.port}
+        with cluster.node(master.port) as node:
+            node.set(six[0], "x")
+            assert node.execute_command("WAIT", 1, 5000) == 1  # the replica follows it
+        with cluster.node(replica.port) as node:
+            assert node.info("replication")["role"] == "slave"
     finally:
         cluster.stop()
