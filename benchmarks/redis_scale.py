@@ -37,7 +37,29 @@ On 2 cores the Python workers, not Redis, are the limit (each Redis server and e
 of its own for a sustained-throughput ratio), so the measured events/s ratio says little; the projection
 and the CPU per event say where Redis's time goes.
 
-Measured: see the end of this docstring (filled in from benchmarks/results/redis_scale-*.json).
+Target (issue 13): cluster >= 2x one Redis's events/s with 3 masters. NOT shown: this needs a core per
+Redis server and per worker process. Measured on a 2-core AMD EPYC VM shared with other jobs (load
+average 5-7), defaults (2 workers, 1024 jobs, 6 shards spread 2/2/2), medians of 5 runs
+(benchmarks/results/redis_scale-h3*.json, -before-after.json):
+- measured events/s, cluster / single: 0.62x without replicas, 0.75x with one per master (the workers are
+  the limit: they share the 2 cores with 6 or 2 Redis servers);
+- master CPU per event, cluster (summed over the masters) / single: 1.80x without replicas, 1.56x with;
+- PROJECTED with Redis the limit (events / busiest master's CPU s): 1.58x and 1.73x (runs: 1.41-1.89x,
+  1.39-2.02x);
+- with `--masters 1` (cluster mode on one server, the same number of processes as the single Redis):
+  6 shards 1.27x / 1.46x the single's CPU per event, 1 shard (`--shards 1`) 1.0-1.1x / 1.1-1.6x. So
+  cluster mode itself costs little; more script calls per event (6 shards: ~50 per thousand events
+  against ~17) and SPUBLISH with a replica (0.8-1.0 us a call, sent to each replica over the cluster
+  bus, against 0.15 for PUBLISH) cost some; and on 2 cores the 3-master runs pay for 6 servers
+  sharing the cores: per-call times roughly double there (XADD 1.9-2.3 us against 1.0-1.1 on one Redis,
+  the same code), which no per-call saving of ours removes.
+Before this version (same session, alternating with main 09d31e7's worker): the shards' reads were shared
+evenly at every refill, so a worker's batch spanned every shard and each step made a script call per
+shard: 85-90 script calls, 29 XREADGROUPs and 83-85 read events per thousand events, against 48-51, 12
+and 56-62 now (reads go to one shard's backlog at a time, read_shares.py); master CPU per event went
+from 11.9-18.3 to 9.6-17.6 s per million over 4 runs each (noise), and from 19.3-21.1 to 16.1-17.7 in 3
+alternating runs each with one replica (`earlier` in that file); the old benchmark put 8 shards 2/2/4 on the masters (the
+busiest master had half the events, projection 0.77x) and gave the single Redis no replica.
 """
 
 from __future__ import annotations
