@@ -53,6 +53,11 @@ average 5-7), defaults (2 workers, 1024 jobs, 6 shards spread 2/2/2), medians of
   bus, against 0.15 for PUBLISH) cost some; and on 2 cores the 3-master runs pay for 6 servers
   sharing the cores: per-call times roughly double there (XADD 1.9-2.3 us against 1.0-1.1 on one Redis,
   the same code), which no per-call saving of ours removes.
+- at equal offered load per master (`--step-ms 20 --workers 1 --cluster-workers 3 --jobs 768`: each
+  paced worker offers ~3.2k events/s, one worker per master; redis_scale-equal-load.json, one run): a
+  master's CPU per event is 1.34x / 1.16x the single's (19.2 vs 14.4 and 22.9 vs 19.8 s per million: at
+  this light load every round trip is a wake-up of its own), projected 1.85x / 2.11x. Its events/s
+  ratio (2.5x) only says the paced workers kept up: Redis was not the limit there.
 Before this version (same session, alternating with main 09d31e7's worker): the shards' reads were shared
 evenly at every refill, so a worker's batch spanned every shard and each step made a script call per
 shard: 85-90 script calls, 29 XREADGROUPs and 83-85 read events per thousand events, against 48-51, 12
