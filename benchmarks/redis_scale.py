@@ -1,37 +1,70 @@
 """Token events per second that one Redis sustains under the workers' write pattern, against a 3-master
-Redis Cluster (3 replicas), in one run; and Redis CPU seconds per million events (INFO cpu, masters).
+Redis Cluster, in one run, like for like: each pairing gives both sides the same replicas per master
+(`--replicas 0 1`: no replicas on either side, then one replica on each). Per run, where each master's
+CPU went (INFO cpu, INFO commandstats, INFO stats, before and after, masters and replicas).
 
-    python benchmarks/redis_scale.py                          # 2 worker processes, 512 jobs x 64 tokens
-    python benchmarks/redis_scale.py --workers 6 --jobs 2048  # more load (needs more cores than Redis)
+    python benchmarks/redis_scale.py                              # 2 workers, 1024 jobs x 64 tokens
+    python benchmarks/redis_scale.py --workers 6 --jobs 4096      # more load (needs more cores)
+    python benchmarks/redis_scale.py --step-ms 20 --cluster-workers 3 --workers 1   # equal load per master
 
-Workers run the stub engine of the tests (tests/helpers/worker_fakes.FakeEngine with step_s=0: a token per
-job per step, as fast as the worker can publish), `--max-num-seqs` jobs per step each, in separate
-processes; the single-Redis run uses `Worker`, the cluster run `ShardedWorker` over `--shards` shards.
-Jobs are queued while the workers wait, then timed from the first XADD to the last job acknowledged.
-Redis must be the limit for the ratio to mean anything: with fewer free cores than worker processes
-plus Redis servers, the Python workers are the limit and the ratio says so (close to 1).
-Reported per run: events/s; Redis CPU seconds per million events and read events (about one per client
-round trip) per thousand events, summed over the masters; and, labelled as a projection and not a
-measurement, `projected_redis_bound_events_per_s` = events / the busiest master's CPU seconds: the rate at
-which that server would fill one core, were the workers not the limit. `--commandstats` prints where the
-servers' time went per command; `--replicas 0` runs the cluster without replicas (the single Redis never
-has one).
+Workers run the stub engine of the tests (tests/helpers/worker_fakes.FakeEngine: a token per job per
+step, with `--step-ms 0` as fast as the worker can publish), `--max-num-seqs` jobs per step each, jobs
+of mixed lengths (--max-tokens on average; `--fixed-length` for all equal), in
+separate processes; the single-Redis run uses `Worker`, the cluster run `ShardedWorker` over `--shards`
+shards. The shards' slots are first moved so that every master holds as many shards as the others (+-1;
+local_cluster.spread_shards): with N shards only N slots carry the load, and the cluster's even slot
+ranges put 8 shards 2/2/4 and 6 shards 1/1/4 (`--no-spread` keeps that; the busiest master's share of
+the events is reported either way). Jobs are queued (pipelined, no WAIT) once every worker has joined
+every stream's consumer group, and timed from then to the last job acknowledged.
 
-Target (issue 13): cluster >= 2x one Redis with 3 masters. NOT shown. On a 2-core AMD EPYC VM shared with
-other jobs (load average 5.5-5.9 during the runs), `--jobs 2048`, 8 shards, 1 replica per master:
-one Redis 28.4k events/s, 5.98 Redis CPU s and 16.9 reads per million / thousand events; the cluster
-18.2k events/s (0.64x), 17.92 CPU s and 87.2 reads; projected with Redis the limit 0.77x. The previous
-worker (one MULTI round trip per shard, run from main's code in the same session): cluster 20.67 CPU s
-and 103.2 reads, single 5.09 and 16.6. Sending a step's shard rounds with one write per master cut the
-reads, but Redis CPU per event stays ~3x one Redis's, within this machine's noise of before: INFO
-commandstats shows the time in the per-shard calls, not the round trips. Each shard's step is its own
-EVALSHA of the event script (a script's keys must share a slot), ~8 us fixed per call (measured on one
-Redis: 11.7 us for 1 job a call, 2.96 us per event at 64), so 8 shards pay it 8 times a step; XADD and
-SPUBLISH cost more per call in cluster mode (2.5 and 1.1 us, against 1.4 and 0.14 for XADD and PUBLISH on
-one Redis); and the masters feed their replicas (`--replicas 0`: 11.3 CPU s per million). Fewer shards per
-master cost less (`--shards 3`: 11.9 against 6.95 in one noisy run). With the Python workers the limit on
-2 cores, the throughput ratio says little; measure on a machine with a core per Redis server and per
-worker process.
+Reported per run (`per_million_events` sums over the masters unless named per master):
+- `master_cpu_s`, `replica_cpu_s`: used_cpu_user + used_cpu_sys;
+- `in_rounds_s`: EXEC's usec (a step's MULTI/EXEC with everything in it: the event script, reads, cancel
+  checks, leases); `scripts_s`: EVALSHA's usec (the event script, its XADDs and PUBLISHes included);
+  `event_commands_s`: XADD + PUBLISH/SPUBLISH usec (the commands the script runs per event);
+- `outside_commands_s` = master CPU - in_rounds: the event loop, reading and parsing requests, writing
+  replies, feeding replicas (replication stream; SPUBLISH also goes over the cluster bus), cluster bus,
+  cron, and the few commands sent outside a round (blocking reads while idle, this script's INFO);
+- `per_thousand_events`: rounds (EXEC calls), script calls, XREADGROUP calls, read events (about one per
+  client round trip);
+- `us_per_call`: microseconds per call of EXEC, EVALSHA, XADD, PUBLISH/SPUBLISH, XREADGROUP;
+- `masters_detail`: per master its events (one PUBLISH/SPUBLISH each), CPU and its replicas' CPU per million of
+  them;
+- `projected_redis_bound_events_per_s` = events / the busiest master's CPU seconds: A PROJECTION, NOT A
+  MEASUREMENT: the rate at which that server would fill one core, were nothing else the limit.
+
+On 2 cores the Python workers, not Redis, are the limit (each Redis server and each worker needs a core
+of its own for a sustained-throughput ratio), so the measured events/s ratio says little; the projection
+and the CPU per event say where Redis's time goes.
+
+Target (issue 13): cluster >= 2x one Redis's events/s with 3 masters. NOT shown: this needs a core per
+Redis server and per worker process. Measured on a 2-core AMD EPYC VM shared with other jobs (load
+average 5-7), defaults (2 workers, 1024 jobs, 6 shards spread 2/2/2), medians of 5 runs
+(benchmarks/results/redis_scale-h3*.json, -before-after.json):
+- measured events/s, cluster / single: 0.62x without replicas, 0.75x with one per master (the workers are
+  the limit: they share the 2 cores with 6 or 2 Redis servers);
+- master CPU per event, cluster (summed over the masters) / single: 1.80x without replicas, 1.56x with;
+- PROJECTED with Redis the limit (events / busiest master's CPU s): 1.58x and 1.73x (runs: 1.41-1.89x,
+  1.39-2.02x);
+- with `--masters 1` (cluster mode on one server, the same number of processes as the single Redis):
+  6 shards 1.27x / 1.46x the single's CPU per event, 1 shard (`--shards 1`) 1.0-1.1x / 1.1-1.6x. So
+  cluster mode itself costs little; more script calls per event (6 shards: ~50 per thousand events
+  against ~17) and SPUBLISH with a replica (0.8-1.0 us a call, sent to each replica over the cluster
+  bus, against 0.15 for PUBLISH) cost some; and on 2 cores the 3-master runs pay for 6 servers
+  sharing the cores: per-call times roughly double there (XADD 1.9-2.3 us against 1.0-1.1 on one Redis,
+  the same code), which no per-call saving of ours removes.
+- at equal offered load per master (`--step-ms 20 --workers 1 --cluster-workers 3 --jobs 768`: each
+  paced worker offers ~3.2k events/s, one worker per master; redis_scale-equal-load.json, one run): a
+  master's CPU per event is 1.34x / 1.16x the single's (19.2 vs 14.4 and 22.9 vs 19.8 s per million: at
+  this light load every round trip is a wake-up of its own), projected 1.85x / 2.11x. Its events/s
+  ratio (2.5x) only says the paced workers kept up: Redis was not the limit there.
+Before this version (same session, alternating with main 09d31e7's worker): the shards' reads were shared
+evenly at every refill, so a worker's batch spanned every shard and each step made a script call per
+shard: 85-90 script calls, 29 XREADGROUPs and 83-85 read events per thousand events, against 48-51, 12
+and 56-62 now (reads go to one shard's backlog at a time, read_shares.py); master CPU per event went
+from 11.9-18.3 to 9.6-17.6 s per million over 4 runs each (noise), and from 19.3-21.1 to 16.1-17.7 in 3
+alternating runs each with one replica (`earlier` in that file); the old benchmark put 8 shards 2/2/4 on the masters (the
+busiest master had half the events, projection 0.77x) and gave the single Redis no replica.
 """
 
 from __future__ import annotations
@@ -42,31 +75,39 @@ import multiprocessing as mp
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker import local_redis  # noqa: E402
 from worker.cluster import local_cluster  # noqa: E402
-from worker.cluster.client import ClusterClient  # noqa: E402
+from worker.cluster.client import shard_for  # noqa: E402
 from worker.cluster.connect import connect_cluster  # noqa: E402
 from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
-from worker.connection import connect  # noqa: E402
 from worker.keys import JOB_FIELD, Keys  # noqa: E402
 
+GROUP = "bench"
+RESULTS = Path(__file__).resolve().parent / "results"
 
-def serve(url: str, cluster: bool, shards: int, consumer: str, max_num_seqs: int, stop) -> None:
+
+def serve(
+    url: str, cluster: bool, shards: int, consumer: str, max_num_seqs: int, step_s: float, stop
+) -> None:
     """One worker process: the stub engine behind Worker or ShardedWorker, until `stop` is set."""
     import threading
 
     import structlog
 
     from tests.helpers.worker_fakes import FakeEngine
+    from worker.connection import connect
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    engine = FakeEngine(max_num_seqs=max_num_seqs, step_s=0)
-    cfg = WorkerConfig(group="bench", consumer=consumer, cluster=cluster, shards=shards, block_ms=200)
+    engine = FakeEngine(max_num_seqs=max_num_seqs, step_s=step_s)
+    cfg = WorkerConfig(group=GROUP, consumer=consumer, cluster=cluster, shards=shards, block_ms=200)
     if cluster:
         from worker.cluster.sharded_worker import ShardedWorker
 
@@ -81,126 +122,345 @@ def serve(url: str, cluster: bool, shards: int, consumer: str, max_num_seqs: int
     worker.run()
 
 
-def reads_processed(ports: list[int]) -> int:
-    """Read events the servers processed so far (INFO stats): about one per round trip a client makes."""
-    return sum(
-        int(connect(f"redis://127.0.0.1:{port}").info("stats")["total_reads_processed"]) for port in ports
+# ---- the servers ----------------------------------------------------------------------------------------
+@dataclass
+class Servers:
+    """The masters (with the request streams each holds) and, per master, its replicas' ports."""
+
+    url: str
+    masters: list[int]
+    replicas: dict[int, list[int]]
+    streams: dict[int, list[str]]  # master port -> request streams on it
+    stop: object  # () -> None: stops every server by its PID
+
+
+def node(port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+
+
+def replica_ports(port: int) -> list[int]:
+    info = node(port).info("replication")
+    return [int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+
+
+def start_single(replicas: int, folder: Path) -> Servers:
+    """One Redis, and `replicas` servers started with --replicaof it, synced before this returns."""
+    master = local_redis.start(extra_args=["--repl-diskless-sync-delay", "0", "--dir", str(folder)])
+    started = [master]
+    try:
+        for _ in range(replicas):
+            args = ["--replicaof", "127.0.0.1", str(master.port), "--dir", str(folder)]
+            started.append(local_redis.start(extra_args=args))
+        deadline = time.monotonic() + 30
+        while True:
+            info = node(master.port).info("replication")
+            online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+            if sum(v.get("state") == "online" for v in online) >= replicas:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not sync")
+            time.sleep(0.05)
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    return Servers(
+        master.url,
+        [master.port],
+        {master.port: replica_ports(master.port)},
+        {master.port: [Keys().requests]},
+        lambda: [server.stop() for server in started],
     )
 
 
-def cpu_seconds(ports: list[int]) -> list[float]:
-    """Each server's CPU seconds so far (INFO cpu: user + sys)."""
-    seconds = []
-    for port in ports:
-        info = connect(f"redis://127.0.0.1:{port}").info("cpu")
-        seconds.append(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]))
-    return seconds
+def start_cluster(masters: int, replicas: int, shards: int, spread: bool, folder: Path) -> Servers:
+    cluster = local_cluster.start(folder, masters=masters, replicas=replicas)
+    try:
+        streams = [k.requests for k in ShardedKeys("conveyor", shards).all()]
+        if spread:
+            cluster.spread_shards(streams)
+        with connect_cluster(cluster.url) as rc:
+            masters = [n.port for n in rc.get_primaries()]
+            by_master: dict[int, list[str]] = {port: [] for port in masters}
+            for stream in streams:
+                by_master[rc.get_node_from_key(stream).port].append(stream)
+    except BaseException:
+        cluster.stop()
+        raise
+    return Servers(
+        cluster.url, masters, {port: replica_ports(port) for port in masters}, by_master, cluster.stop
+    )
 
 
-def print_commandstats(ports: list[int], setup: str) -> None:
-    """Where the servers' time went, per command (INFO commandstats, summed over the servers)."""
-    usec: dict[str, list[float]] = {}
-    for port in ports:
-        for name, stat in connect(f"redis://127.0.0.1:{port}").info("commandstats").items():
-            calls_usec = usec.setdefault(name, [0, 0])
-            calls_usec[0] += stat["calls"]
-            calls_usec[1] += stat["usec"]
-    top = sorted(usec.items(), key=lambda kv: -kv[1][1])[:10]
-    print(setup, ", ".join(f"{k}: {int(c)} calls {u / 1e6:.3f} s" for k, (c, u) in top), file=sys.stderr)
+# ---- what the servers did -----------------------------------------------------------------------------
+@dataclass
+class Snapshot:
+    cpu: float  # used_cpu_user + used_cpu_sys, seconds
+    reads: int  # total_reads_processed
+    calls: dict[str, int]  # command -> calls
+    usec: dict[str, int]  # command -> microseconds
+
+    def __sub__(self, before: Snapshot) -> Snapshot:
+        return Snapshot(
+            self.cpu - before.cpu,
+            self.reads - before.reads,
+            {k: v - before.calls.get(k, 0) for k, v in self.calls.items()},
+            {k: v - before.usec.get(k, 0) for k, v in self.usec.items()},
+        )
 
 
-def groups_done(clients: list, streams: list[str]) -> bool:
-    for client, stream in zip(clients, streams, strict=True):
-        try:
-            groups = client.xinfo_groups(stream)
-        except Exception:  # the stream is not there yet
-            return False
-        if not groups or groups[0]["pending"] or groups[0]["lag"]:
-            return False
+def snapshot(port: int) -> Snapshot:
+    client = node(port)
+    cpu = client.info("cpu")
+    stats = {name.removeprefix("cmdstat_"): s for name, s in client.info("commandstats").items()}
+    return Snapshot(
+        float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        int(client.info("stats")["total_reads_processed"]),
+        {k: int(s["calls"]) for k, s in stats.items()},
+        {k: int(s["usec"]) for k, s in stats.items()},
+    )
+
+
+def usec(s: Snapshot, *names: str) -> float:
+    return sum(s.usec.get(n, 0) for n in names) / 1e6
+
+
+def calls(s: Snapshot, *names: str) -> int:
+    return sum(s.calls.get(n, 0) for n in names)
+
+
+def lengths(args) -> list[int]:
+    """Each job's max_tokens: all --max-tokens with --fixed-length (the jobs of a step then all end
+    together and the engine's room opens a whole batch at a time), else spread evenly over
+    [max_tokens / 2, 3 * max_tokens / 2) in a scrambled order, so that the room opens a few jobs at a time
+    and a worker's batch mixes jobs read at different times, as under real traffic."""
+    if args.fixed_length:
+        return [args.max_tokens] * args.jobs
+    half = max(1, args.max_tokens // 2)
+    return [half + (i * 7919) % (2 * half) for i in range(args.jobs)]
+
+
+# ---- one run ------------------------------------------------------------------------------------------
+def ready(servers: Servers, workers: int) -> bool:
+    """Every worker has joined the consumer group of every stream (so none is still starting up)."""
+    for port, streams in servers.streams.items():
+        for stream in streams:
+            try:
+                groups = node(port).xinfo_groups(stream)
+            except redis.ResponseError:  # not created yet
+                return False
+            if not groups or groups[0]["consumers"] < workers:
+                return False
     return True
 
 
-def run(args, cluster: bool) -> dict:
+def done(servers: Servers) -> bool:
+    for port, streams in servers.streams.items():
+        for stream in streams:
+            group = node(port).xinfo_groups(stream)[0]
+            if group["pending"] or group["lag"]:
+                return False
+    return True
+
+
+def submit(servers: Servers, cluster: bool, shards: int, jobs: list[dict]) -> None:
+    """Pipelined XADDs to each job's stream (the shard ClusterClient.submit would pick), no WAIT."""
+    if not cluster:
+        [(port, [stream])] = servers.streams.items()
+        by_stream = {stream: jobs}
+    else:
+        sharded = ShardedKeys("conveyor", shards)
+        by_stream = {}
+        for job in jobs:
+            by_stream.setdefault(sharded.shard(shard_for(job["id"], shards)).requests, []).append(job)
+    for port, streams in servers.streams.items():
+        pipe = node(port).pipeline(transaction=False)
+        for stream in streams:
+            for job in by_stream.get(stream, []):
+                pipe.xadd(stream, {JOB_FIELD: json.dumps(job)})
+        pipe.execute()
+
+
+def run(args, cluster: bool, replicas: int) -> dict:
     folder = Path(tempfile.mkdtemp())
-    server = local_cluster.start(folder, replicas=args.replicas) if cluster else local_redis.start()
-    url = server.url
+    servers = (
+        start_cluster(args.masters, replicas, args.shards, args.spread, folder)
+        if cluster
+        else start_single(replicas, folder)
+    )
+    workers = args.cluster_workers if cluster else args.workers
     try:
-        if cluster:
-            rc = connect_cluster(url)
-            client = ClusterClient(rc, ShardedKeys("conveyor", args.shards))
-            masters = [n.port for n in rc.get_primaries()]
-            streams = [client.sharded.shard(k).requests for k in range(args.shards)]
-            clients = [client.node(k) for k in range(args.shards)]
-        else:
-            single = connect(url)
-            masters, streams, clients = [server.port], [Keys().requests], [single]
         ctx = mp.get_context("spawn")
         stop = ctx.Event()
         procs = [
-            ctx.Process(target=serve, args=(url, cluster, args.shards, f"b{i}", args.max_num_seqs, stop))
-            for i in range(args.workers)
+            ctx.Process(
+                target=serve,
+                args=(
+                    servers.url,
+                    cluster,
+                    args.shards,
+                    f"b{i}",
+                    args.max_num_seqs,
+                    args.step_ms / 1000,
+                    stop,
+                ),
+            )
+            for i in range(workers)
         ]
         for p in procs:
             p.start()
-        time.sleep(args.warmup_s)  # imports and consumer groups
-        cpu0, reads0, t0 = cpu_seconds(masters), reads_processed(masters), time.perf_counter()
-        jobs = [{"id": f"j{i}", "prompt": "x", "max_tokens": args.max_tokens} for i in range(args.jobs)]
-        if cluster:
-            for job in jobs:
-                client.submit(job)
-        else:
-            pipe = single.pipeline(transaction=False)
-            for job in jobs:
-                pipe.xadd(Keys().requests, {JOB_FIELD: json.dumps(job)})
-            pipe.execute()
-        while not groups_done(clients, streams):
-            time.sleep(0.05)
+        deadline = time.monotonic() + 120
+        while not ready(servers, workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not start")
+            time.sleep(0.1)
+        ports = [*servers.masters, *(p for m in servers.masters for p in servers.replicas[m])]
+        before = {port: snapshot(port) for port in ports}
+        t0 = time.perf_counter()
+        jobs = [
+            {"id": f"j{i}", "prompt": "x", "max_tokens": tokens} for i, tokens in enumerate(lengths(args))
+        ]
+        submit(servers, cluster, args.shards, jobs)
+        while not done(servers):
+            time.sleep(0.02)
         elapsed = time.perf_counter() - t0
-        reads = reads_processed(masters) - reads0
-        if args.commandstats:
-            print_commandstats(masters, "cluster" if cluster else "single")
-        per_master = [after - before for after, before in zip(cpu_seconds(masters), cpu0, strict=True)]
-        cpu = sum(per_master)
+        delta = {port: snapshot(port) - before[port] for port in ports}
         stop.set()
         for p in procs:
             p.join(timeout=60)
-        events = args.jobs * (args.max_tokens + 1)  # tokens and one done event per job
-        return {
-            "setup": "cluster" if cluster else "single",
-            "masters": len(masters),
-            "events": events,
-            "seconds": round(elapsed, 3),
-            "events_per_s": round(events / elapsed),
-            "redis_cpu_s_per_million_events": round(cpu / events * 1e6, 2),
-            "redis_reads_per_thousand_events": round(reads / events * 1e3, 1),
-            # A projection, not a measurement: the events/s at which the busiest server would use a whole
-            # core, were the workers not the limit (each server on a core of its own).
-            "projected_redis_bound_events_per_s": round(events / max(per_master)),
-        }
+        return report(args, cluster, replicas, workers, servers, delta, elapsed)
     finally:
-        server.stop()
+        servers.stop()  # type: ignore[operator]
+
+
+def report(args, cluster, replicas, workers, servers: Servers, delta: dict[int, Snapshot], elapsed) -> dict:
+    events = sum(tokens + 1 for tokens in lengths(args))  # tokens and one done event per job
+    masters = [delta[m] for m in servers.masters]
+    master_cpu = sum(s.cpu for s in masters)
+    replica_cpu = sum(delta[r].cpu for m in servers.masters for r in servers.replicas[m])
+    in_rounds = sum(usec(s, "exec") for s in masters)
+    per_million = 1e6 / events
+    per_master = []
+    for port, s in zip(servers.masters, masters, strict=True):
+        served = calls(s, "publish", "spublish")  # one per event
+        per_master.append(
+            {
+                "shards": len(servers.streams[port]),
+                "events": served,
+                "cpu_s_per_million_events": round(s.cpu / max(served, 1) * 1e6, 2),
+                "replica_cpu_s_per_million_events": round(
+                    sum(delta[r].cpu for r in servers.replicas[port]) / max(served, 1) * 1e6, 2
+                ),
+                "events_per_script_call": round(served / max(calls(s, "evalsha"), 1), 1),
+            }
+        )
+    return {
+        "setup": "cluster" if cluster else "single",
+        "replicas_per_master": replicas,
+        "masters": len(masters),
+        "shards": args.shards if cluster else 1,
+        "workers": workers,
+        "events": events,
+        "seconds": round(elapsed, 3),
+        "events_per_s": round(events / elapsed),
+        "busiest_master_share": round(max(m["events"] for m in per_master) / events, 3),
+        "per_million_events": {
+            "master_cpu_s": round(master_cpu * per_million, 2),
+            "replica_cpu_s": round(replica_cpu * per_million, 2),
+            "in_rounds_s": round(in_rounds * per_million, 2),
+            "scripts_s": round(sum(usec(s, "evalsha") for s in masters) * per_million, 2),
+            "event_commands_s": round(
+                sum(usec(s, "xadd", "publish", "spublish") for s in masters) * per_million, 2
+            ),
+            "outside_commands_s": round((master_cpu - in_rounds) * per_million, 2),
+        },
+        "per_thousand_events": {
+            name: round(sum(calls(s, command) for s in masters) / events * 1e3, 1)
+            for name, command in (
+                ("rounds", "exec"),
+                ("script_calls", "evalsha"),
+                ("xreadgroup", "xreadgroup"),
+            )
+        }
+        | {"reads": round(sum(s.reads for s in masters) / events * 1e3, 1)},
+        # Microseconds per call, over the masters (commandstats): what one command costs in each mode.
+        "us_per_call": {
+            name: round(
+                sum(usec(s, *commands) for s in masters)
+                * 1e6
+                / max(1, sum(calls(s, *commands) for s in masters)),
+                2,
+            )
+            for name, commands in (
+                ("exec", ("exec",)),
+                ("evalsha", ("evalsha",)),
+                ("xadd", ("xadd",)),
+                ("publish_or_spublish", ("publish", "spublish")),
+                ("xreadgroup", ("xreadgroup",)),
+            )
+        },
+        "masters_detail": per_master,
+        # A projection, not a measurement (see the docstring).
+        "projected_redis_bound_events_per_s": round(events / max(s.cpu for s in masters)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--jobs", type=int, default=512)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes on the single Redis")
     parser.add_argument(
-        "--replicas", type=int, default=1, help="per cluster master (the single Redis has none)"
+        "--cluster-workers", type=int, default=None, help="on the cluster (default: --workers)"
     )
-    parser.add_argument("--warmup-s", type=float, default=8.0)
-    parser.add_argument("--commandstats", action="store_true", help="print each run's costliest commands")
+    parser.add_argument("--jobs", type=int, default=1024)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--fixed-length", action="store_true", help="every job --max-tokens long")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--step-ms", type=float, default=0.0, help="the stub engine's step time (0: none)")
+    parser.add_argument("--shards", type=int, default=6)
+    parser.add_argument(
+        "--masters", type=int, default=3, help="the cluster's (1: cluster mode alone, against one Redis)"
+    )
+    parser.add_argument("--no-spread", dest="spread", action="store_false", help="keep the slots as created")
+    parser.add_argument(
+        "--replicas", type=int, nargs="+", default=[0, 1], help="per master, one pairing each"
+    )
+    parser.add_argument("--label", default="", help="writes benchmarks/results/redis_scale-<label>.json")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON file (default: see --label)")
     args = parser.parse_args()
-    single = run(args, cluster=False)
-    clustered = run(args, cluster=True)
-    for result in (single, clustered):
-        print(json.dumps(result))
-    print(f"cluster / single events per second: {clustered['events_per_s'] / single['events_per_s']:.2f}x")
-    projected = clustered["projected_redis_bound_events_per_s"] / single["projected_redis_bound_events_per_s"]
-    print(f"cluster / single, projected with Redis the limit: {projected:.2f}x")
+    args.cluster_workers = args.cluster_workers or args.workers
+    pairings = []
+    for replicas in args.replicas:
+        single = run(args, cluster=False, replicas=replicas)
+        clustered = run(args, cluster=True, replicas=replicas)
+        pairing = {
+            "replicas_per_master": replicas,
+            "single": single,
+            "cluster": clustered,
+            "cluster_over_single_events_per_s": round(clustered["events_per_s"] / single["events_per_s"], 2),
+            "cluster_over_single_projected": round(
+                clustered["projected_redis_bound_events_per_s"]
+                / single["projected_redis_bound_events_per_s"],
+                2,
+            ),
+        }
+        pairings.append(pairing)
+        for result in (single, clustered):
+            print(json.dumps(result))
+        print(
+            f"replicas {replicas}: cluster / single events/s {pairing['cluster_over_single_events_per_s']}x "
+            f"(measured, workers the limit on this machine); projected with Redis the limit "
+            f"{pairing['cluster_over_single_projected']}x (a projection)",
+            flush=True,
+        )
+    out = args.out or RESULTS / (f"redis_scale-{args.label}.json" if args.label else "redis_scale.json")
+    record = {
+        "command": "python benchmarks/redis_scale.py " + " ".join(sys.argv[1:]),
+        "projection_note": "projected_redis_bound_events_per_s = events / CPU seconds of the busiest master: "
+        "a projection of the rate at which it would fill one core, not a measurement",
+        "pairings": pairings,
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ def _on_a_cluster(
         folder = Path(tempfile.mkdtemp(prefix="conveyor-demo-cluster-"))
         started = local_cluster.start(folder, masters=3, replicas=0)
         stack.callback(started.stop)
+        started.spread_shards([keys.requests for keys in sharded.all()])  # 8 shards fall 2/2/4 otherwise
         redis_url = started.url
         click.echo(f"redis: started a local 3-master Redis Cluster at {redis_url}")
     else:

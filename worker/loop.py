@@ -140,12 +140,14 @@ class Worker:
 
     # A tick in three parts, so that a sharded worker can send every shard's round of a cycle to each
     # Redis node in one write (worker/cluster/sharded_worker.py): begin, send, step_engine, finish.
-    def begin(self, max_reads: int | None = None) -> Step | None:
+    def begin(self, max_reads: int | None = None, wait: bool = True) -> Step | None:
         """Apply signals, then either wait idle for jobs (returns None) or build this step's round. At
-        most `max_reads` new jobs are read in it (default: as many as there is room for)."""
+        most `max_reads` new jobs are read in it (default: as many as there is room for). With
+        `wait=False` it never waits: an idle worker builds a round too (reads only, or nothing), for a
+        sharded worker whose other shards have work (worker/cluster/sharded_worker.py)."""
         self.aborter.apply_signals()
         busy = self.engine.has_unfinished_requests()
-        if not busy and not (self.inflight or self.arrived or len(self.carry) or self._heartbeat_due()):
+        if wait and not busy and not self.has_work():
             self._wait_for_jobs()
             return None
         if self.health.is_full:
@@ -172,6 +174,10 @@ class Worker:
             self.backoff.reset()
         self._publish(stepped.deltas, step.nxt, stepped.at, stepped.wall)
         self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine)
+
+    def has_work(self) -> bool:
+        """Jobs in flight or read, commands owed to Redis, or a heartbeat due: a round to send."""
+        return bool(self.inflight or self.arrived or len(self.carry) or self._heartbeat_due())
 
     def reserved(self) -> int:
         """Jobs read or being read and not yet added to the engine: room the engine has that is taken."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import pytest
 from click.testing import CliRunner
@@ -75,10 +76,22 @@ def test_demo_starts_its_own_cluster_when_none_answers(monkeypatch, tmp_path):
 
     if local_redis.redis_server_path() is None:
         pytest.skip("redis-server is not installed")
+    from worker.cluster.local_cluster import LocalCluster
+
+    spread: list[list[str]] = []
+    original = LocalCluster.spread_shards
+
+    def recording(self, keys):
+        original(self, keys)
+        spread.append(sorted(self.master_of(key).port for key in keys))
+
+    monkeypatch.setattr(LocalCluster, "spread_shards", recording)
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
     url = f"redis://127.0.0.1:{local_redis.free_port()}"  # nothing listens there
     run = CliRunner().invoke(
         main, ["demo", "--cluster", "--redis-url", url, "--jobs", "2", "--max-tokens", "4"]
     )
     assert run.exit_code == 0, run.output
+    # Its 8 shards were spread 3/3/2 over the 3 masters, not left 2/2/4 as the slot ranges put them.
+    assert len(spread) == 1 and sorted(Counter(spread[0]).values()) == [2, 3, 3], spread
     assert "started a local 3-master Redis Cluster" in run.output and "tokens/s through Redis" in run.output

@@ -86,6 +86,26 @@ class LocalCluster:
                         except redis.ResponseError:
                             pass
 
+    def spread_shards(self, keys: list[str]) -> None:
+        """Move slots until every master holds the slots of as many of `keys` as any other, +-1. With N
+        shards only N slots carry the load, and slot ranges spread evenly do not spread N tags evenly
+        (`{s0}`..`{s7}` fall 2/2/4 on three masters' even ranges, `{s0}`..`{s5}` 1/1/4)."""
+        port = next(s.port for s in self.servers if s.port not in self.killed)
+        with redis.cluster.RedisCluster(host="127.0.0.1", port=port, password=self.password) as client:
+            masters = [n.port for n in client.get_primaries()]
+        held: dict[int, list[str]] = {m: [] for m in masters}
+        for key in keys:
+            held[self.master_of(key).port].append(key)
+        while True:
+            most = max(masters, key=lambda m: len(held[m]))
+            least = min(masters, key=lambda m: len(held[m]))
+            if len(held[most]) - len(held[least]) <= 1:
+                return
+            key = held[most].pop()
+            to = next(s for s in self.servers if s.port == least)
+            self.move_slot(key, to)
+            held[least].append(key)
+
     def wait_ok(self, timeout_s: float = 30) -> None:
         """Until every live node says cluster_state:ok and agrees that every master it knows is alive."""
         deadline = time.monotonic() + timeout_s
@@ -163,30 +183,61 @@ def start(
                 *(node_args(port) if node_args else []),  # e.g. TLS, per node
             ]  # fmt: skip
             servers.append(local_redis.start(port, args, password=password))
-        addresses = [f"127.0.0.1:{s.port}" for s in servers]
-        done = subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *addresses,
-                "--cluster-replicas",
-                str(replicas),
-                "--cluster-yes",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, **({"REDISCLI_AUTH": password} if password else {})},  # not in argv
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")
+        if masters == 1:
+            _create_one_master(cluster)
+        else:
+            _create(cluster, replicas)
         cluster.wait_ok()
         _wait_replicas_synced(cluster, replicas)
         return cluster
     except BaseException:
         cluster.stop()
         raise
+
+
+def _create_one_master(cluster: LocalCluster) -> None:
+    """All slots on the first server, the others its replicas (`redis-cli --cluster create` wants 3
+    masters; one is for measuring cluster mode against one plain Redis, benchmarks/redis_scale.py)."""
+    first, *others = cluster.servers
+    with cluster.node(first.port) as master:
+        master.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        master_id = master.execute_command("CLUSTER", "MYID").decode()
+        for server in others:
+            master.execute_command("CLUSTER", "MEET", "127.0.0.1", server.port)
+    for server in others:
+        with cluster.node(server.port) as replica:
+            deadline = time.monotonic() + 30
+            while True:  # it must know the master (gossip) before it can follow it
+                try:
+                    replica.execute_command("CLUSTER", "REPLICATE", master_id)
+                    break
+                except redis.ResponseError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+
+def _create(cluster: LocalCluster, replicas: int) -> None:
+    """`redis-cli --cluster create`: the slots split evenly over the masters, replicas assigned."""
+    password = cluster.password
+    addresses = [f"127.0.0.1:{s.port}" for s in cluster.servers]
+    done = subprocess.run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *addresses,
+            "--cluster-replicas",
+            str(replicas),
+            "--cluster-yes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **({"REDISCLI_AUTH": password} if password else {})},  # not in argv
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout}\n{done.stderr}")
 
 
 def _wait_replicas_synced(cluster: LocalCluster, replicas: int, timeout_s: float = 30) -> None:

@@ -1,25 +1,67 @@
-"""How many new jobs each shard's round may ask for in one cycle.
+"""How many new jobs each shard's round may ask for in one cycle: the room goes to one shard at a time.
 
 A cycle's rounds are all built before any is answered, so a read in flight counts as taken room
 (Worker.reserved) and together they cannot take more than the engine has room for; a read that finds
-nothing wastes its share until the next cycle. So the room goes to the "hungry" shards (whose last read
-came back with all it asked for: they probably have more), shared evenly; a shard that is not hungry asks
-for one job when it is first in the cycle's rotating order (so it notices new work within one rotation,
-and a full read makes it hungry), and for nothing otherwise. With no hungry shard, the room is shared
-evenly over all.
+nothing wastes its share until the next cycle. A shard is "hungry" when its last read came back with all
+it asked for (it probably has more).
 
-    room 8, 4 shards, shard 2 hungry, shard 0 first  ->  [1, 0, 8, 0]   (reads in flight cap the total)
+The engine's room goes to one hungry shard at a time, its *turn*, until it has read a turn's worth of
+jobs (the most room seen: about one engine-full) or comes back short; then the next hungry shard in index
+order takes over. So a worker's batch is made of few shards, and each step writes a few script calls
+carrying many events each rather than one per shard carrying a few: Redis's cost per call (a MULTI/EXEC
+round, an EVALSHA, a read and a reply) is paid per shard in a step. Shared evenly at every refill, a
+batch soon spanned every shard (6 shards on 3 masters: 85-90 script calls per thousand events, 48-51
+this way; benchmarks/redis_scale.py). Every hungry shard gets its
+turn in order, so none starves. A shard that is not hungry asks for one job when it is first in the
+cycle's rotating order (so it notices new work within one rotation, and a full read makes it hungry),
+and for nothing otherwise. With no hungry shard (short queues) the first in the rotation may read all
+the room: one read per cycle, not one per shard per cycle on streams that are mostly empty, and any
+shard's new work is seen within one rotation.
+
+    room 8, 4 shards, shards 2 and 3 hungry, turn at 2, shard 0 first  ->  [1, 0, 8, 0]
+    ... shard 2 has read 8 (a turn's worth)                            ->  [1, 0, 0, 8]
 """
 
 from __future__ import annotations
 
-import math
 
+class ReadShares:
+    def __init__(self, shards: int, turn: int = 0) -> None:
+        self.hungry = [False] * shards
+        self.turn = turn  # the hungry shard the room goes to
+        self.taken = 0  # jobs it read since its turn began
+        self.quota = 1  # a turn's worth: the most room seen
 
-def read_shares(room: int, hungry: list[bool], first: int) -> list[int]:
-    if room <= 0:
-        return [0] * len(hungry)
-    many = sum(hungry)
-    if many == 0:
-        return [math.ceil(room / len(hungry))] * len(hungry)
-    return [math.ceil(room / many) if h else int(k == first) for k, h in enumerate(hungry)]
+    def shares(self, room: int, first: int) -> list[int]:
+        """Per shard, the most jobs its read may ask for this cycle; `first` leads the cycle's order."""
+        n = len(self.hungry)
+        if room <= 0:
+            return [0] * n
+        self.quota = max(self.quota, room)
+        if not any(self.hungry):  # short queues: the first in the rotation may take it all
+            return [room if k == first else 0 for k in range(n)]
+        if not self.hungry[self.turn]:
+            self._next_turn()
+        shares = [int(k == first and not h) for k, h in enumerate(self.hungry)]
+        shares[self.turn] = room
+        return shares
+
+    def read_back(self, shard: int, asked: int, got: int) -> None:
+        """Shard's read asked for `asked` jobs and got `got`."""
+        self.hungry[shard] = got >= asked
+        if shard != self.turn:
+            return
+        self.taken += got
+        if self.taken >= self.quota or not self.hungry[shard]:
+            self._next_turn(after=shard)
+
+    def _next_turn(self, after: int | None = None) -> None:
+        """The next hungry shard after `after` (default: after the current turn), else stay."""
+        n = len(self.hungry)
+        start = self.turn if after is None else after
+        for step in range(1, n + 1):
+            k = (start + step) % n
+            if self.hungry[k]:
+                self.turn = k
+                break
+        self.taken = 0

@@ -6,9 +6,12 @@ takeover, dead letters, trimming and cancel channel are per shard, and every MUL
 in one slot. A cycle drives the shards' workers through a tick's parts (Worker.begin, step_engine,
 finish) in a rotating order, so the shard read first (when the engine has room for fewer jobs than are
 queued) changes every cycle and no shard starves; the rounds they built go out with one write per Redis
-node (node_rounds.py), not one per shard. While the engine has work each shard's worker does a
-non-blocking round per step; while it is idle each blocks on its own stream for block_ms / shards, so
-the whole cycle waits about block_ms.
+node (node_rounds.py), not one per shard. New jobs are read one shard at a time (read_shares.py), so
+a step's events go out in a few script calls, not one per shard. While any shard has work (a step, jobs
+in flight or being admitted, commands owed, or a backlog to read) every shard's worker does a
+non-blocking round per cycle; only a worker idle on every shard blocks, each shard on its own stream in
+turn for block_ms / shards (at least ~100 ms each on Redis 7.0 at its default hz 10: a short BLOCK is
+answered at the server's next cron tick), so an idle cycle takes about max(block_ms, shards x 100 ms).
 
 When a shard's master fails and a replica takes over, the writes this worker made last (events, acks) may
 not have reached the replica. The shard's worker then forgets its jobs (aborted in the engine, nothing
@@ -18,6 +21,7 @@ its pending entries are read again and resumed from the events their output stre
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import replace
 
 import structlog
@@ -26,7 +30,7 @@ from redis.cluster import RedisCluster
 from engine.client import EngineClient
 from worker.cluster.connect import MasterPool, ShardMoved, shard_client
 from worker.cluster.node_rounds import NodeRounds
-from worker.cluster.read_shares import read_shares
+from worker.cluster.read_shares import ReadShares
 from worker.cluster.shard_keys import ShardedKeys
 from worker.cluster.shared_engine import SharedEngine
 from worker.config import WorkerConfig
@@ -60,7 +64,8 @@ class ShardedWorker:
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
         self._next = 0  # the shard ticked first in the next cycle
-        self._hungry = [False] * cfg.shards  # the shard's last read came back full
+        # Workers start their turns at different shards (read_shares.py), so they drain different backlogs.
+        self.reads = ReadShares(cfg.shards, turn=zlib.crc32(cfg.consumer.encode()) % cfg.shards)
         # Shards rebuilt after a failover, with the ids of the jobs they aborted: their pending entries are
         # read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
@@ -100,7 +105,9 @@ class ShardedWorker:
         n = len(self.workers)
         order = [(self._next + i) % n for i in range(n)]
         self._next = (self._next + 1) % n
-        shares = read_shares(self.workers[order[0]].room(), self._hungry, first=order[0])
+        room = self.workers[order[0]].room()
+        shares = self.reads.shares(room, first=order[0])
+        wait = not self._has_work(room)
         begun: list[tuple[int, Step]] = []
         for k in order:
             if k in self._leaving:
@@ -108,10 +115,11 @@ class ShardedWorker:
                 if k in self._leaving:
                     continue
             try:
-                step = self.workers[k].begin(max_reads=shares[k])
+                step = self.workers[k].begin(max_reads=shares[k], wait=wait)
             except ShardMoved as moved:  # while waiting idle
                 self._rebuild(k, moved)
                 continue
+            wait = wait and not self.workers[k].has_work()  # its wait found jobs: the others must not wait
             if step is None:
                 continue
             if self._pool(k).moved:  # nothing goes to the new master before the shard forgot its jobs
@@ -126,8 +134,17 @@ class ShardedWorker:
             except ShardMoved as moved:
                 self._rebuild(k, moved)
                 continue
-            if step.reads:  # its stream had as many as it asked for: it probably has more
-                self._hungry[k] = len(self.workers[k].arrived) >= step.reads
+            if step.reads:
+                self.reads.read_back(k, step.reads, len(self.workers[k].arrived))
+
+    def _has_work(self, room: int) -> bool:
+        """Whether any shard has a step or a round to do this cycle, or a backlog to read (a hungry shard,
+        and room). Then no shard blocks on its stream: reads go out in the cycle's rounds, one write per
+        master. Blocking in turn (a round trip each, ~100 ms each on an empty stream) is for a worker idle
+        on every shard; before, idle shards blocked in turn while another shard's jobs were admitted."""
+        if self.shared.engine.has_unfinished_requests() or any(w.has_work() for w in self.workers):
+            return True
+        return room > 0 and any(self.reads.hungry)
 
     def _pool(self, k: int) -> MasterPool:
         pool = self.workers[k].client.connection_pool
