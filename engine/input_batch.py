@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, compress
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -41,25 +43,27 @@ class BlockTables:
         # The Request object each row was filled for: an id reused by a new request rewrites the row.
         self.owners: dict[str, object] = {}
         self._free = list(range(rows - 1, -1, -1))
-        # request id -> (row, owner, number of blocks, last block id) as of the last row_for: a decode
-        # step that appended no block is answered from here without touching numpy (~0.2 us, not ~1.5).
-        self._last: dict[str, tuple[int, object, int, int]] = {}
+        # request id -> (row, the tuple of block ids last written into it). The block manager replaces a
+        # request's tuple whenever its table changes, so meeting the same object again (`is`) proves the
+        # row is up to date: most decode steps, answered with one dict lookup. Lists are never kept here.
+        self.written: dict[str, tuple[int, tuple[int, ...]]] = {}
 
-    def row_for(self, request_id: str, block_ids: list[int], owner: object = None) -> int:
-        """The request's row, updated to `block_ids`. A running request's table only grows, so only the
-        blocks appended since the last step are written; a new owner of the id, a shorter table or a
-        changed last block rewrites the row (a preempted request's row is released by the caller)."""
-        last = self._last.get(request_id)
-        if last is not None and last[1] is owner and last[2] == len(block_ids) and block_ids[-1] == last[3]:
-            return last[0]
+    def row_for(self, request_id: str, block_ids: Sequence[int], owner: object = None) -> int:
+        """The request's row, updated to `block_ids`. The tuple written last time: nothing to do. Else a
+        running request's table only grows, so only the blocks appended since then are written; a new
+        owner of the id, a shorter table or a changed last block rewrites the row (a preempted request's
+        row is released by the caller)."""
+        written = self.written.get(request_id)
+        if written is not None and written[1] is block_ids:
+            return written[0]
         row = self._row_for(request_id, block_ids, owner)
-        if block_ids:
-            self._last[request_id] = (row, owner, len(block_ids), block_ids[-1])
+        if type(block_ids) is tuple:
+            self.written[request_id] = (row, block_ids)
         else:
-            self._last.pop(request_id, None)
+            self.written.pop(request_id, None)
         return row
 
-    def _row_for(self, request_id: str, block_ids: list[int], owner: object) -> int:
+    def _row_for(self, request_id: str, block_ids: Sequence[int], owner: object) -> int:
         row = self.rows.get(request_id)
         if row is None:
             row = self._take()
@@ -79,7 +83,7 @@ class BlockTables:
         return row
 
     def release(self, request_id: str) -> None:
-        self._last.pop(request_id, None)
+        self.written.pop(request_id, None)
         self.owners.pop(request_id, None)
         row = self.rows.pop(request_id, None)
         if row is not None:
@@ -148,6 +152,37 @@ class DeviceBuffers:
         return view
 
 
+# The columns prepare() reads from each ScheduledSequence, all at once in C.
+_COLUMNS = attrgetter("request_id", "token_ids", "start_pos", "block_ids", "sample")
+
+
+def _columns(seqs: list[ScheduledSequence]) -> tuple[tuple, ...]:
+    """(request ids, token id lists, start positions, block tables, sample flags), one tuple each."""
+    return tuple(zip(*map(_COLUMNS, seqs), strict=True)) if seqs else ((), (), (), (), ())
+
+
+def _fork_sample_rows(seqs: list[ScheduledSequence]) -> tuple[list[str], list[int]]:
+    """(ids of the sampled sequences, the flat row of the logits each samples from) for a step with forks:
+    a fork has no tokens of its own and samples from its parent's last row."""
+    last_row: dict[str, int] = {}
+    num_tokens = 0
+    for s in seqs:
+        if s.token_ids:
+            num_tokens += len(s.token_ids)
+            last_row[s.request_id] = num_tokens - 1
+        elif s.fork_of is None:
+            raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
+    ids, rows = [], []
+    for s in seqs:
+        if s.sample:
+            source = s.request_id if s.token_ids else s.fork_of
+            if source not in last_row:
+                raise ValueError(f"fork {s.request_id}: parent {source} has no tokens in this step")
+            ids.append(s.request_id)
+            rows.append(last_row[source])
+    return ids, rows
+
+
 @dataclass(frozen=True)
 class PreparedStep:
     input_ids: torch.Tensor  # [T] int64 (T includes padding rows)
@@ -156,6 +191,10 @@ class PreparedStep:
     sample_rows: torch.Tensor  # [B] int64: the row of each sampled sequence's logits in the flat batch
     sample_ids: list[str]  # [B] request ids, in batch order
     num_padded_seqs: int  # padding sequences appended (0 when not padded)
+
+
+def _no_owner(request_id: str) -> None:
+    return None
 
 
 class InputBatch:
@@ -189,54 +228,61 @@ class InputBatch:
             tables.release_all_but(alive)
         for request_id in preempted:
             tables.release(request_id)
-        owner_of = alive.get if alive is not None else (lambda _: None)
-        ids: list[int] = []
-        starts: list[int] = []
-        qlens: list[int] = []
-        rows: list[int] = []
-        last_row: dict[str, int] = {}
-        for s in seqs:
-            n = len(s.token_ids)
-            if not n:
-                if s.fork_of is None:
-                    raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
-                continue
-            rows.append(tables.row_for(s.request_id, s.block_ids, owner_of(s.request_id)))
-            ids.extend(s.token_ids)
-            starts.append(s.start_pos)
-            qlens.append(n)
-            last_row[s.request_id] = len(ids) - 1
-        sample_ids = [s.request_id for s in seqs if s.sample]
-        sample_rows = []
-        for s in seqs:
-            if s.sample:
-                source = s.request_id if s.token_ids else s.fork_of
-                if source not in last_row:
-                    raise ValueError(f"fork {s.request_id}: parent {source} has no tokens in this step")
-                sample_rows.append(last_row[source])
+        owner_of = alive.get if alive is not None else _no_owner
+        rids, toks, starts, blocks, samples = _columns(seqs)
+        qlens = list(map(len, toks))
+        forked = None
+        if 0 in qlens:  # forks: they sample, but have no tokens to lay out
+            forked = _fork_sample_rows(seqs)
+            rids, toks, starts, blocks, samples = _columns([s for s in seqs if s.token_ids])
+            qlens = list(map(len, toks))
+        ids = list(chain.from_iterable(toks))
+        # A row is up to date when it was written from this very tuple (see BlockTables.written): one
+        # dict lookup per sequence in most decode steps.
+        written = tables.written.get
+        rows = [
+            w[0] if (w := written(rid)) is not None and w[1] is b else tables.row_for(rid, b, owner_of(rid))
+            for rid, b in zip(rids, blocks, strict=True)
+        ]
 
-        num_real = len(qlens)
-        pad = 0
-        if pad_to is not None and pad_to > num_real and all(q == 1 for q in qlens):
-            pad = pad_to - num_real
-        q = np.array(qlens + [1] * pad, dtype=np.int64)  # [S]
-        start = np.array(starts + [0] * pad, dtype=np.int64)  # [S]
-        num_seqs, num_tokens = len(q), len(ids) + pad
-        qsl = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(q, out=qsl[1:])
-        seq_of = np.repeat(np.arange(num_seqs), q)  # [T]
-        pos = np.arange(num_tokens) - qsl[seq_of] + start[seq_of]  # [T]
+        num_real, real_tokens = len(qlens), len(ids)
+        decode_only = real_tokens == num_real  # one token per sequence
+        pad = pad_to - num_real if pad_to is not None and pad_to > num_real and decode_only else 0
+        num_seqs, num_tokens = num_real + pad, real_tokens + pad
+        start = np.zeros(num_seqs, dtype=np.int64)  # [S]
+        start[:num_real] = starts
+        if decode_only:  # token i is sequence i: no per-token index arithmetic
+            q = np.ones(num_seqs, dtype=np.int64)  # [S]
+            qsl = np.arange(num_seqs + 1, dtype=np.int64)  # [S + 1]
+            pos = start.copy()  # [T] == [S]
+            real_pos = pos[:real_tokens]
+            row_arr = token_rows = np.array(rows, dtype=np.int64)  # [T_real]: each token's row of the tables
+        else:
+            q = np.array(qlens + [1] * pad, dtype=np.int64)  # [S]
+            qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+            np.cumsum(q, out=qsl[1:])
+            seq_of = np.repeat(np.arange(num_seqs), q)  # [T]
+            pos = np.arange(num_tokens) - qsl[seq_of] + start[seq_of]  # [T]
+            real_pos = pos[:real_tokens]
+            row_arr = np.array(rows, dtype=np.int64)  # [S_real]
+            token_rows = row_arr[seq_of[:real_tokens]]
         seq_lens = start + q  # [S]
-        width = int(-(-seq_lens[:num_real].max() // bs)) if num_real else 1
+        max_seq_len = int(seq_lens.max())
+        width = -(-int(seq_lens[:num_real].max()) // bs) if num_real else 1
         table = tables.table
         if width > table.shape[1]:
             raise ValueError(f"a sequence needs {width} blocks but its table holds {table.shape[1]}")
-        real_tokens = len(ids)
         slots = np.full(num_tokens, -1, dtype=np.int64)
-        row_arr = np.array(rows, dtype=np.int64)
-        real_pos = pos[:real_tokens]
-        slots[:real_tokens] = table[row_arr[seq_of[:real_tokens]], real_pos // bs] * bs + real_pos % bs
+        slots[:real_tokens] = table[token_rows, real_pos // bs] * bs + real_pos % bs
         pos[real_tokens:] = 0
+
+        if forked is not None:
+            sample_ids, sample_rows = forked[0], np.array(forked[1], dtype=np.int64)
+        elif all(samples):  # every sequence samples from its last token
+            sample_ids, sample_rows = list(rids), qsl[1 : num_real + 1] - 1
+        else:
+            sample_ids = list(compress(rids, samples))
+            sample_rows = (qsl[1 : num_real + 1] - 1)[np.array(samples, dtype=bool)]
 
         buf = self.buffers
         buf.fit(num_tokens, max(num_seqs, len(sample_rows)), width)
@@ -249,17 +295,17 @@ class InputBatch:
             query_start_loc=put(buf.query_start_loc, qsl.astype(np.int32)),
             seq_lens=put(buf.seq_lens, seq_lens.astype(np.int32)),
             block_tables=put(buf.block_tables, block_tables),
-            max_query_len=int(q.max()),
-            max_seq_len=int(seq_lens.max()),
-            is_decode_only=bool((q == 1).all()),
-            query_lens_cpu=tuple(q.tolist()),
+            max_query_len=1 if decode_only else max(qlens),
+            max_seq_len=max_seq_len,
+            is_decode_only=decode_only,
+            query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens + [1] * pad),
             seq_lens_cpu=tuple(seq_lens.tolist()),
         )
         return PreparedStep(
             input_ids=put(buf.input_ids, np.array(ids + [0] * pad, dtype=np.int64)),
             positions=put(buf.positions, pos),
             meta=meta,
-            sample_rows=put(buf.sample_rows, np.array(sample_rows, dtype=np.int64)),
+            sample_rows=put(buf.sample_rows, sample_rows),
             sample_ids=sample_ids,
             num_padded_seqs=pad,
         )

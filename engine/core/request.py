@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # finish_rules imports this module
+    from engine.core.finish_rules import StopTriggers
 
 
 class RequestStatus(enum.Enum):
@@ -60,6 +64,8 @@ class Request:
     num_preemptions: int = 0
     # prompt + output as one list, extended in place by append_output_token (see token_ids()).
     _token_ids: list[int] | None = field(default=None, init=False, repr=False)
+    # Set by the scheduler when the request is added (None: not known yet, check_stop every step).
+    stop_triggers: StopTriggers | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.group_id:
