@@ -67,7 +67,7 @@ class IncrementalDetokenizer:
     ):
         """texts: `context_free_texts(tokenizer, skip_special_tokens)`, or None to decode every token."""
         self.tokenizer = _backend(tokenizer)
-        self._texts = texts
+        self._texts: Sequence[str | None] = texts if texts is not None else ()
         self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
         if self._decode(context).endswith(_REPLACEMENT):
@@ -89,10 +89,10 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
-        if len(token_ids) == 1 and self._texts is not None and self._read_offset == len(self._ids):
+        if len(token_ids) == 1 and self._read_offset == len(self._ids):
             # Nothing held back: a token whose text does not depend on its neighbours is looked up.
-            token = token_ids[0]
-            if token < len(self._texts) and (text := self._texts[token]) is not None:
+            token, texts = token_ids[0], self._texts
+            if token < len(texts) and (text := texts[token]) is not None:
                 if text:
                     self._parts.append(text)
                 return text
@@ -117,7 +117,7 @@ class IncrementalDetokenizer:
         texts = self._texts
         pieces = []
         for t in token_ids:
-            if texts is not None and self._read_offset == len(ids) and t < len(texts):
+            if self._read_offset == len(ids) and t < len(texts):
                 text = texts[t]
                 if text is not None:  # as in add(): nothing held back, a context-free token
                     if text:
@@ -175,6 +175,7 @@ class TextStream:
             tokenizer, prompt_token_ids, skip_special_tokens, texts=texts
         )
         self._stops = StopStrings(stop)
+        # What was emitted, when it differs from the detokenizer's text (only with stop strings).
         self._parts: list[str] = []
         if prior_output_ids:
             self.append(prior_output_ids)
@@ -185,17 +186,11 @@ class TextStream:
 
     def append(self, token_ids: Sequence[int]) -> tuple[str, bool]:
         stops = self._stops
+        if not stops.stop:  # no stop strings: everything decoded is emitted
+            return self._detokenizer.add(token_ids), False
         if stops.stopped:
             return "", True
-        text = self._detokenizer.add(token_ids)
-        if not stops.stop:  # no stop strings: everything decoded is emitted
-            if text:
-                self._parts.append(text)
-            return text, False
-        return self._feed(text)
-
-    def _feed(self, text: str) -> tuple[str, bool]:
-        delta, stopped = self._stops.feed(text)
+        delta, stopped = stops.feed(self._detokenizer.add(token_ids))
         if delta:
             self._parts.append(delta)
         return delta, stopped
@@ -203,7 +198,7 @@ class TextStream:
     @property
     def text(self) -> str:
         """Everything emitted so far: the concatenated deltas."""
-        return "".join(self._parts)
+        return "".join(self._parts) if self._stops.stop else self._detokenizer.text
 
     def finish(self) -> str:
         if self.stopped:
@@ -211,6 +206,6 @@ class TextStream:
         delta, stopped = self._stops.feed(self._detokenizer.finish())
         if not stopped:
             delta += self._stops.flush()
-        if delta:
+        if delta and self._stops.stop:
             self._parts.append(delta)
         return delta

@@ -21,7 +21,7 @@ table row, so a padded batch computes the same rows for every real sequence.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
 from operator import attrgetter
@@ -34,65 +34,65 @@ from engine.core.scheduler_output import ScheduledSequence
 
 
 class BlockTables:
-    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end)."""
+    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end).
+
+    Each row remembers the block ids written into it, as a tuple. The block manager hands out a new tuple
+    only when a request's table changes (engine/core/block_manager.py), so meeting the same object again
+    (`is`) proves the row up to date: most decode steps, one dict lookup. Otherwise the remembered ids are
+    compared with the new ones: a table that grew gets only its new blocks written, anything else (a
+    preempted request recomputed into other blocks, an id reused by another request) its whole row.
+    """
 
     def __init__(self, rows: int = 64, width: int = 64) -> None:
         self.table = np.zeros((rows, width), dtype=np.int32)
-        self.counts = np.zeros(rows, dtype=np.int64)  # valid entries per row
-        self.rows: dict[str, int] = {}
-        # The Request object each row was filled for: an id reused by a new request rewrites the row.
-        self.owners: dict[str, object] = {}
-        self._free = list(range(rows - 1, -1, -1))
-        # request id -> (row, the tuple of block ids last written into it). The block manager replaces a
-        # request's tuple whenever its table changes, so meeting the same object again (`is`) proves the
-        # row is up to date: most decode steps, answered with one dict lookup. Lists are never kept here.
+        # request id -> (its row, the block ids written there). A list given to row_for is kept as a
+        # tuple copy (never `is` the next list: compared by content each time).
         self.written: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._free = list(range(rows - 1, -1, -1))
 
-    def row_for(self, request_id: str, block_ids: Sequence[int], owner: object = None) -> int:
-        """The request's row, updated to `block_ids`. The tuple written last time: nothing to do. Else a
-        running request's table only grows, so only the blocks appended since then are written; a new
-        owner of the id, a shorter table or a changed last block rewrites the row (a preempted request's
-        row is released by the caller)."""
+    @property
+    def rows(self) -> dict[str, int]:
+        """request id -> its row."""
+        return {request_id: row for request_id, (row, _) in self.written.items()}
+
+    def row_for(self, request_id: str, block_ids: Sequence[int]) -> int:
+        """The request's row, holding `block_ids` after this call."""
         written = self.written.get(request_id)
-        if written is not None and written[1] is block_ids:
-            return written[0]
-        row = self._row_for(request_id, block_ids, owner)
-        if type(block_ids) is tuple:
-            self.written[request_id] = (row, block_ids)
+        if written is None:
+            row = self._take()
+            self._write(row, 0, block_ids)
         else:
-            self.written.pop(request_id, None)
+            row, old = written
+            if old is block_ids:
+                return row
+            known = len(old)
+            if len(block_ids) >= known and tuple(block_ids[:known]) == old:
+                self._write(row, known, block_ids)  # grew (or the same ids in a new object)
+            else:
+                self.table[row, :known] = 0
+                self._write(row, 0, block_ids)
+        self.written[request_id] = (row, block_ids if type(block_ids) is tuple else tuple(block_ids))
         return row
 
-    def _row_for(self, request_id: str, block_ids: Sequence[int], owner: object) -> int:
-        row = self.rows.get(request_id)
-        if row is None:
-            row = self._take()
-            self.rows[request_id] = row
-        known = int(self.counts[row])
+    def _write(self, row: int, start: int, block_ids: Sequence[int]) -> None:
+        """Write block_ids[start:] into the row (its first `start` entries already hold block_ids[:start])."""
         n = len(block_ids)
-        stale = self.owners.get(request_id) is not owner
-        self.owners[request_id] = owner
-        if stale or n < known or (known and self.table[row, known - 1] != block_ids[known - 1]):
-            self.table[row, :known] = 0
-            known = 0
-        if n > known:
-            if n > self.table.shape[1]:
-                self._grow(width=max(n, 2 * self.table.shape[1]))
-            self.table[row, known:n] = block_ids[known:]
-            self.counts[row] = n
-        return row
+        if n > self.table.shape[1]:
+            self._grow(width=max(n, 2 * self.table.shape[1]))
+        if n == start + 1:  # one block appended: the common case, a scalar write
+            self.table[row, start] = block_ids[start]
+        elif n > start:
+            self.table[row, start:n] = block_ids[start:]
 
     def release(self, request_id: str) -> None:
-        self.written.pop(request_id, None)
-        self.owners.pop(request_id, None)
-        row = self.rows.pop(request_id, None)
-        if row is not None:
-            self.table[row, : self.counts[row]] = 0
-            self.counts[row] = 0
+        written = self.written.pop(request_id, None)
+        if written is not None:
+            row, old = written
+            self.table[row, : len(old)] = 0
             self._free.append(row)
 
     def release_all_but(self, alive: Container[str]) -> None:
-        for request_id in [r for r in self.rows if r not in alive]:
+        for request_id in [r for r in self.written if r not in alive]:
             self.release(request_id)
 
     def _take(self) -> int:
@@ -106,9 +106,7 @@ class BlockTables:
         r, w = rows or self.table.shape[0], width or self.table.shape[1]
         table = np.zeros((r, w), dtype=np.int32)
         table[: self.table.shape[0], : self.table.shape[1]] = self.table
-        counts = np.zeros(r, dtype=np.int64)
-        counts[: len(self.counts)] = self.counts
-        self.table, self.counts = table, counts
+        self.table = table
 
 
 class DeviceBuffers:
@@ -193,10 +191,6 @@ class PreparedStep:
     num_padded_seqs: int  # padding sequences appended (0 when not padded)
 
 
-def _no_owner(request_id: str) -> None:
-    return None
-
-
 class InputBatch:
     def __init__(
         self,
@@ -213,13 +207,13 @@ class InputBatch:
     def prepare(
         self,
         seqs: list[ScheduledSequence],
-        alive: Mapping[str, object] | None = None,
+        alive: Container[str] | None = None,
         pad_to: int | None = None,
         full_width: bool = False,
         preempted: Sequence[str] = (),
     ) -> PreparedStep:
-        """Lay out `seqs`. alive: the unfinished requests by id (rows of the others are freed; a row is
-        rewritten when its id now names another request object). preempted: ids whose blocks were freed.
+        """Lay out `seqs`. alive: the ids of the unfinished requests (rows of the others are freed).
+        preempted: ids whose blocks were freed.
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
         bs = self.block_size
@@ -228,7 +222,6 @@ class InputBatch:
             tables.release_all_but(alive)
         for request_id in preempted:
             tables.release(request_id)
-        owner_of = alive.get if alive is not None else _no_owner
         rids, toks, starts, blocks, samples = _columns(seqs)
         qlens = list(map(len, toks))
         forked = None
@@ -237,11 +230,10 @@ class InputBatch:
             rids, toks, starts, blocks, samples = _columns([s for s in seqs if s.token_ids])
             qlens = list(map(len, toks))
         ids = list(chain.from_iterable(toks))
-        # A row is up to date when it was written from this very tuple (see BlockTables.written): one
-        # dict lookup per sequence in most decode steps.
-        written = tables.written.get
+        # BlockTables.row_for, inlined for its common case: the row was written from this very tuple.
+        written, row_for = tables.written.get, tables.row_for
         rows = [
-            w[0] if (w := written(rid)) is not None and w[1] is b else tables.row_for(rid, b, owner_of(rid))
+            w[0] if (w := written(rid)) is not None and w[1] is b else row_for(rid, b)
             for rid, b in zip(rids, blocks, strict=True)
         ]
 

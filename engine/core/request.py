@@ -73,9 +73,11 @@ class Request:
 
     def token_ids(self) -> list[int]:
         """prompt + output without copying each step; callers must not mutate it."""
-        if self._token_ids is None or len(self._token_ids) != self.num_tokens:
-            self._token_ids = self.prompt_token_ids + self.output_token_ids
-        return self._token_ids
+        # Runs once per running request per step: no property call in the common case.
+        tokens = self._token_ids
+        if tokens is None or len(tokens) != len(self.prompt_token_ids) + len(self.output_token_ids):
+            tokens = self._token_ids = self.prompt_token_ids + self.output_token_ids
+        return tokens
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -136,9 +136,9 @@ class Scheduler:
         block_size = self.kv.block_size
         add = step.sequences.append
         forks = None if step.no_forks else self.forks
-        i = 0
-        while i < len(running) and budget > 0:
-            request = running[i]
+        for request in running:  # preemption pops from the back, which this loop has not reached
+            if budget <= 0:
+                break
             rid = request.request_id
             tokens = request.token_ids()
             start = request.num_computed_tokens
@@ -155,7 +155,6 @@ class Scheduler:
             if sample and forks is not None and forks.num_siblings(request):
                 self._fork(request, step)
             budget -= end - start
-            i += 1
 
         static = cfg.scheduling == "static"
         if static and not was_running:
@@ -294,7 +293,11 @@ class Scheduler:
         sample = start + n == len(tokens)
         step.sequences.append(
             ScheduledSequence(
-                request.request_id, tokens[start : start + n], start, self.kv.block_ids(request.request_id), sample
+                request.request_id,
+                tokens[start : start + n],
+                start,
+                self.kv.block_ids(request.request_id),
+                sample,
             )
         )
         if sample and not step.no_forks and self.forks.num_siblings(request):

@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from engine.core.scheduler_output import ScheduledSequence
+from engine.core.scheduler_output import RunnerOutput, ScheduledSequence
 from engine.cuda_graphs import batch_buckets, bucket_for
 from engine.input_batch import BlockTables, InputBatch
+from tests.helpers.engine_core_utils import make_requests, make_scheduler
 from tests.helpers.model_helpers import metadata
 
 BS = 4
@@ -139,10 +140,45 @@ def test_an_id_reused_by_another_request_gets_its_new_table():
 
 
 def test_block_tables_answer_an_unchanged_table_without_rewriting_and_forget_an_emptied_one():
-    tables, owner = BlockTables(rows=4, width=4), object()
-    row = tables.row_for("a", [5, 6], owner)
+    tables = BlockTables(rows=4, width=4)
+    row = tables.row_for("a", [5, 6])
     tables.table[row, 0] = 99  # would be rewritten by a full update, not by the unchanged-table path
-    assert tables.row_for("a", [5, 6], owner) == row and tables.table[row, :2].tolist() == [99, 6]
-    tables.row_for("a", [], owner)  # emptied (all blocks given back): the row is cleared
+    assert tables.row_for("a", [5, 6]) == row and tables.table[row, :2].tolist() == [99, 6]
+    tables.row_for("a", [])  # emptied (all blocks given back): the row is cleared
     assert tables.table[row].tolist() == [0, 0, 0, 0]
-    assert tables.row_for("a", [5, 6], owner) == row and tables.table[row, :2].tolist() == [5, 6]
+    assert tables.row_for("a", [5, 6]) == row and tables.table[row, :2].tolist() == [5, 6]
+
+
+def test_block_tables_trust_the_tuple_they_wrote_and_write_only_appended_blocks():
+    """The block manager's tuples: the same object again is not read at all; a longer tuple that starts
+    with the ids written gets only its new blocks written; other ids rewrite the row."""
+    tables = BlockTables(rows=4, width=8)
+    ids = (5, 6)
+    row = tables.row_for("a", ids)
+    tables.table[row, 0] = 99  # a marker: any rewrite of the row's first entry would erase it
+    assert tables.row_for("a", ids) == row and tables.table[row, :2].tolist() == [99, 6]
+    grown = ids + (7,)  # a block appended: a new tuple
+    tables.row_for("a", grown)
+    assert tables.table[row, :4].tolist() == [99, 6, 7, 0]
+    tables.table[row, 0] = 5
+    tables.row_for("a", (8, 6, 7, 9))  # same length as before plus one, but another first block
+    assert tables.table[row, :5].tolist() == [8, 6, 7, 9, 0]
+    tables.row_for("a", (3,))  # shorter: rewritten, the tail cleared
+    assert tables.table[row].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_a_block_appended_mid_run_reaches_the_runner():
+    """A decode crossing a block boundary: the scheduler's new tuple must land in the runner's table."""
+    sched = make_scheduler(block_size=BS, enable_prefix_caching=False)
+    (req,) = make_requests(1, 3, 9)
+    sched.add_request(req)
+    batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
+    seen = []
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        step = batch.prepare(out.sequences, alive=sched.requests)
+        _check_same(step, out.sequences)
+        seen.append(out.sequences[0].block_ids)
+        sched.update_from_output(out, RunnerOutput({req.request_id: 7}))
+    assert [len(t) for t in seen] == [1, 1, 2, 2, 2, 2, 3, 3, 3]
+    assert seen[0] is seen[1] and seen[1] is not seen[2]  # one object per table content
