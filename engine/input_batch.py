@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
-from operator import attrgetter
+from operator import add, attrgetter
 
 import numpy as np
 import torch
@@ -113,7 +113,20 @@ class DeviceBuffers:
     """Step tensors allocated once at their maximum sizes; a step's tensors are views of their prefixes.
 
     Sizes grow (new addresses) when a step needs more, unless `frozen` (CUDA graphs captured), then it raises.
+    Each buffer has a host-side numpy mirror (`host[name]`) that prepare() writes into; `upload` then gives
+    the device view. On the CPU the mirror is the buffer itself (a numpy view of the same memory): no copy.
+    Elsewhere it is pinned host memory, copied over by `upload`.
     """
+
+    NAMES = (
+        "input_ids",
+        "positions",
+        "slot_mapping",
+        "query_start_loc",
+        "seq_lens",
+        "block_tables",
+        "sample_rows",
+    )
 
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
         self.device = device
@@ -131,6 +144,21 @@ class DeviceBuffers:
         # Flat, so that a step's [S, W] view is contiguous whatever W: [max_seqs * max_blocks]
         self.block_tables = torch.zeros(max_seqs * max_blocks, dtype=torch.int32, device=dev)
         self.sample_rows = torch.zeros(max_seqs, dtype=torch.int64, device=dev)  # [B]
+        self.on_host = dev.type == "cpu"
+        pin = not self.on_host and torch.cuda.is_available()
+        self.host: dict[str, np.ndarray] = {
+            name: (t if self.on_host else torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)).numpy()
+            for name in self.NAMES
+            for t in (getattr(self, name),)
+        }
+
+    def upload(self, name: str, n: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The device view of the first n entries of buffer `name` (reshaped to `shape`), holding what
+        prepare() wrote into `host[name][:n]`."""
+        view = getattr(self, name)[:n]
+        if not self.on_host:
+            view.copy_(torch.from_numpy(self.host[name][:n]))
+        return view if shape is None else view.view(shape)
 
     def fit(self, tokens: int, seqs: int, blocks: int) -> None:
         if tokens <= self.max_tokens and seqs <= self.max_seqs and blocks <= self.max_blocks:
@@ -203,6 +231,7 @@ class InputBatch:
         self.block_size = block_size
         self.tables = BlockTables(max_seqs, max_blocks)
         self.buffers = DeviceBuffers(device, max_tokens, max_seqs, max_blocks)
+        self._arange = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: sliced, never written
 
     def prepare(
         self,
@@ -241,63 +270,79 @@ class InputBatch:
         decode_only = real_tokens == num_real  # one token per sequence
         pad = pad_to - num_real if pad_to is not None and pad_to > num_real and decode_only else 0
         num_seqs, num_tokens = num_real + pad, real_tokens + pad
-        start = np.zeros(num_seqs, dtype=np.int64)  # [S]
-        start[:num_real] = starts
-        if decode_only:  # token i is sequence i: no per-token index arithmetic
-            q = np.ones(num_seqs, dtype=np.int64)  # [S]
-            qsl = np.arange(num_seqs + 1, dtype=np.int64)  # [S + 1]
-            pos = start.copy()  # [T] == [S]
-            real_pos = pos[:real_tokens]
-            row_arr = token_rows = np.array(rows, dtype=np.int64)  # [T_real]: each token's row of the tables
-        else:
-            q = np.array(qlens + [1] * pad, dtype=np.int64)  # [S]
-            qsl = np.zeros(num_seqs + 1, dtype=np.int64)
-            np.cumsum(q, out=qsl[1:])
-            seq_of = np.repeat(np.arange(num_seqs), q)  # [T]
-            pos = np.arange(num_tokens) - qsl[seq_of] + start[seq_of]  # [T]
-            real_pos = pos[:real_tokens]
-            row_arr = np.array(rows, dtype=np.int64)  # [S_real]
-            token_rows = row_arr[seq_of[:real_tokens]]
-        seq_lens = start + q  # [S]
-        max_seq_len = int(seq_lens.max())
-        width = -(-int(seq_lens[:num_real].max()) // bs) if num_real else 1
+        buf = self.buffers
+        width = -(-max(map(add, starts, qlens)) // bs) if num_real else 1
+        num_samples = len(forked[0]) if forked is not None else num_real
+        buf.fit(num_tokens, max(num_seqs, num_samples), width)
         table = tables.table
         if width > table.shape[1]:
             raise ValueError(f"a sequence needs {width} blocks but its table holds {table.shape[1]}")
-        slots = np.full(num_tokens, -1, dtype=np.int64)
+        # Written straight into the buffers' host mirrors; padding sequences get position 0, slot -1,
+        # context length 1 and an all-zero block table row.
+        host = buf.host
+        if len(self._arange) <= num_tokens + num_seqs:
+            self._arange = np.arange(2 * (num_tokens + num_seqs) + 1, dtype=np.int64)
+        input_ids = host["input_ids"][:num_tokens]  # [T]
+        input_ids[:real_tokens] = ids
+        input_ids[real_tokens:] = 0
+        pos = host["positions"][:num_tokens]  # [T]
+        row_arr = np.array(rows, dtype=np.int64)  # [S_real]
+        seq_lens = host["seq_lens"][:num_seqs]  # [S] int32
+        qsl = host["query_start_loc"][: num_seqs + 1]  # [S + 1] int32
+        if decode_only:  # token i is sequence i: positions are the starts, no per-token index arithmetic
+            pos[:num_real] = starts
+            pos[num_real:] = 0
+            np.add(pos, 1, out=seq_lens, casting="unsafe")
+            qsl[:] = self._arange[: num_seqs + 1]
+            token_rows, real_pos = row_arr, pos[:real_tokens]
+        else:
+            q = np.array(qlens, dtype=np.int64)  # [S]
+            start = np.array(starts, dtype=np.int64)  # [S]
+            last = np.cumsum(q)  # [S]: end of each sequence's tokens
+            qsl[0] = 0
+            qsl[1:] = last
+            seq_of = np.repeat(self._arange[:num_real], q)  # [T]
+            pos[:] = self._arange[:num_tokens] - (last - q)[seq_of] + start[seq_of]
+            seq_lens[:] = start + q
+            token_rows, real_pos = row_arr[seq_of], pos
+        slots = host["slot_mapping"][:num_tokens]  # [T]
         slots[:real_tokens] = table[token_rows, real_pos // bs] * bs + real_pos % bs
-        pos[real_tokens:] = 0
+        slots[real_tokens:] = -1
+        out_width = buf.max_blocks if full_width else width
+        block_tables = host["block_tables"][: num_seqs * out_width].reshape(num_seqs, out_width)  # [S, W]
+        block_tables[:num_real, :width] = table[row_arr, :width]
+        block_tables[:num_real, width:] = 0
+        block_tables[num_real:] = 0
 
         if forked is not None:
-            sample_ids, sample_rows = forked[0], np.array(forked[1], dtype=np.int64)
+            sample_ids, sample_list = forked
+            host["sample_rows"][:num_samples] = sample_list
         elif all(samples):  # every sequence samples from its last token
-            sample_ids, sample_rows = list(rids), qsl[1 : num_real + 1] - 1
+            sample_ids = list(rids)
+            np.subtract(qsl[1 : num_real + 1], 1, out=host["sample_rows"][:num_real])
         else:
             sample_ids = list(compress(rids, samples))
-            sample_rows = (qsl[1 : num_real + 1] - 1)[np.array(samples, dtype=bool)]
+            num_samples = len(sample_ids)
+            host["sample_rows"][:num_samples] = (qsl[1 : num_real + 1] - 1)[np.array(samples, dtype=bool)]
 
-        buf = self.buffers
-        buf.fit(num_tokens, max(num_seqs, len(sample_rows)), width)
-        out_width = buf.max_blocks if full_width else width
-        block_tables = np.zeros((num_seqs, out_width), dtype=np.int32)
-        block_tables[:num_real, :width] = table[row_arr, :width]
-        put = DeviceBuffers.put
+        up = buf.upload
+        seq_lens_cpu = tuple(seq_lens.tolist())
         meta = AttentionMetadata(
-            slot_mapping=put(buf.slot_mapping, slots),
-            query_start_loc=put(buf.query_start_loc, qsl.astype(np.int32)),
-            seq_lens=put(buf.seq_lens, seq_lens.astype(np.int32)),
-            block_tables=put(buf.block_tables, block_tables),
+            slot_mapping=up("slot_mapping", num_tokens),
+            query_start_loc=up("query_start_loc", num_seqs + 1),
+            seq_lens=up("seq_lens", num_seqs),
+            block_tables=up("block_tables", num_seqs * out_width, (num_seqs, out_width)),
             max_query_len=1 if decode_only else max(qlens),
-            max_seq_len=max_seq_len,
+            max_seq_len=max(seq_lens_cpu),
             is_decode_only=decode_only,
-            query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens + [1] * pad),
-            seq_lens_cpu=tuple(seq_lens.tolist()),
+            query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens),
+            seq_lens_cpu=seq_lens_cpu,
         )
         return PreparedStep(
-            input_ids=put(buf.input_ids, np.array(ids + [0] * pad, dtype=np.int64)),
-            positions=put(buf.positions, pos),
+            input_ids=up("input_ids", num_tokens),
+            positions=up("positions", num_tokens),
             meta=meta,
-            sample_rows=put(buf.sample_rows, sample_rows),
+            sample_rows=up("sample_rows", num_samples),
             sample_ids=sample_ids,
             num_padded_seqs=pad,
         )
