@@ -182,3 +182,37 @@ def test_a_block_appended_mid_run_reaches_the_runner():
         sched.update_from_output(out, RunnerOutput({req.request_id: 7}))
     assert [len(t) for t in seen] == [1, 1, 2, 2, 2, 2, 3, 3, 3]
     assert seen[0] is seen[1] and seen[1] is not seen[2]  # one object per table content
+
+
+def test_a_step_leaves_nothing_of_the_previous_one_in_the_buffers():
+    """The step is written over the last one in place: entries past each table, and padding rows, must
+    be cleared, whatever the previous step left there."""
+    batch = InputBatch(BS, torch.device("cpu"), max_tokens=16, max_seqs=4, max_blocks=6)
+    wide = [
+        ScheduledSequence(r, [1] * 4, 16, tuple(range(10 * k + 1, 10 * k + 6)), True)
+        for k, r in enumerate("abcd")
+    ]
+    batch.prepare(wide, full_width=True)
+    narrow = [ScheduledSequence("e", [2], 1, (9,), True), ScheduledSequence("f", [3], 5, (7, 8), True)]
+    step = batch.prepare(narrow, alive={"e", "f"}, pad_to=4, full_width=True)
+    assert step.meta.block_tables.tolist() == [[9, 0, 0, 0, 0, 0], [7, 8, 0, 0, 0, 0]] + [[0] * 6] * 2
+    assert step.meta.slot_mapping.tolist() == [9 * BS + 1, 8 * BS + 1, -1, -1]
+    assert step.input_ids.tolist() == [2, 3, 0, 0] and step.positions.tolist() == [1, 5, 0, 0]
+
+
+def test_random_decode_only_steps_match_the_per_token_layout():
+    """Decode-only steps take their own path (no per-token index arithmetic): same layout."""
+    rng = random.Random(1)
+    batch = InputBatch(BS, torch.device("cpu"), max_tokens=8, max_seqs=4, max_blocks=4)
+    for _ in range(20):
+        seqs = []
+        for k in range(rng.randint(1, 12)):
+            start = rng.randint(0, 40)
+            blocks = tuple(rng.sample(range(1, 500), start // BS + 1))
+            seqs.append(ScheduledSequence(f"r{k}", [rng.randint(0, 99)], start, blocks, rng.random() < 0.9))
+        step = batch.prepare(seqs)
+        _check_same(step, seqs)
+        expected = [i for i, s in enumerate(seqs) if s.sample]
+        assert step.sample_rows.tolist() == expected and step.sample_ids == [
+            seqs[i].request_id for i in expected
+        ]
