@@ -282,12 +282,13 @@ class LLMEngine:
             seq_id = request.request_id
             first = next_index[seq_id]
             new_ids = request.output_token_ids[first:]
-            generated += len(new_ids)
+            num_new = len(new_ids)
+            generated += num_new
             text, stopped = streams[seq_id].append(new_ids)
             if stopped or request.status is not _RUNNING or (logprobs and seq_id in logprobs):
                 add(self._delta_for(request, new_ids, text, stopped, logprobs.get(seq_id)))
                 continue
-            num_output = first + len(new_ids)
+            num_output = first + num_new
             next_index[seq_id] = num_output
             # All fields positional: 0.35 us against 0.5 us with keywords (~40 us per step at 256).
             add(
