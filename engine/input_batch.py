@@ -2,8 +2,9 @@
 
 Per step the runner needs flat input ids and positions [T], the slot of every new token [T], and per
 sequence its query start [S + 1], context length [S] and block table [S, W]. Built per token in Python
-this cost ~7 ms at 256 sequences x 1k tokens; here the per-sequence loop only collects four ints and the
-per-token work is numpy:
+this cost ~7 ms at 256 sequences x 1k tokens; here the sequences' fields are read as columns in C
+(attrgetter + zip), one comprehension finds each sequence's table row, and the per-token work is numpy
+(a decode-only step, one token per sequence, skips the per-token index arithmetic altogether):
 
     seq:        A (chunk of 3 from pos 5)   B (decode at pos 9)
     qlens:      3                           1
@@ -12,9 +13,10 @@ per-token work is numpy:
     slots:      table[row[seq_of], pos // bs] * bs + pos % bs
 
 Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table
-that only grows by the blocks appended since the last step; a step gathers its rows. The results are
-copied into device buffers allocated once, so the tensors of a step of S sequences and T tokens are always
-views at the same addresses, which CUDA graph replay needs. Padding (`pad_to`) appends decode-like
+that only grows by the blocks appended since the last step (a row written from the very tuple the block
+manager hands over again is not looked at); a step gathers its rows. The results are written into the
+host mirrors of device buffers allocated once (on the CPU, the buffers themselves), so the tensors of a
+step of S sequences and T tokens are always views at the same addresses, which CUDA graph replay needs. Padding (`pad_to`) appends decode-like
 sequences with slot -1 (their K/V are not written), position 0, context length 1 and an all-zero block
 table row, so a padded batch computes the same rows for every real sequence.
 """
