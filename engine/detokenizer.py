@@ -20,6 +20,13 @@ With a Rust tokenizer (`tokenizers.Tokenizer`, or the one behind a transformers 
 algorithm runs inside `tokenizers.decoders.DecodeStream`, one token at a time: one call into Rust per token
 (~3 us) instead of two decodes plus the Python around them (~12 us); 256 requests per step is then ~1 ms.
 The offsets are mirrored here so `finish()` can release what DecodeStream still holds back.
+
+Commoner still, with a byte-level BPE tokenizer: a token whose bytes are complete UTF-8, arriving when
+nothing is held back, adds exactly its own text whatever came before, so it is looked up in a table
+(`engine.token_pieces.context_free_texts`, built once per tokenizer) with no call into Rust (~0.1 us).
+DecodeStream's window then misses that token, which changes nothing for such a decoder: the window only
+matters for bytes still held back, and there were none. Tokens with partial characters, and anything
+after one until it is released, go through DecodeStream as before.
 """
 
 from __future__ import annotations
@@ -56,8 +63,11 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         skip_special_tokens: bool = True,
         prior_output_ids: Sequence[int] = (),
+        texts: Sequence[str | None] | None = None,
     ):
+        """texts: `context_free_texts(tokenizer, skip_special_tokens)`, or None to decode every token."""
         self.tokenizer = _backend(tokenizer)
+        self._texts: Sequence[str | None] = texts if texts is not None else ()
         self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
         if self._decode(context).endswith(_REPLACEMENT):
@@ -79,6 +89,13 @@ class IncrementalDetokenizer:
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append generated tokens; return the newly decodable text (possibly "")."""
+        if len(token_ids) == 1 and self._read_offset == len(self._ids):
+            # Nothing held back: a token whose text does not depend on its neighbours is looked up.
+            token, texts = token_ids[0], self._texts
+            if token < len(texts) and (text := texts[token]) is not None:
+                if text:
+                    self._parts.append(text)
+                return text
         if self._stream is not None and len(token_ids) == 1:
             # A decode step: one token, one call into Rust (the loop below, without its Python around it).
             ids = self._ids
@@ -97,8 +114,16 @@ class IncrementalDetokenizer:
 
     def _add_streamed(self, stream: DecodeStream, tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
         ids = self._ids
+        texts = self._texts
         pieces = []
         for t in token_ids:
+            if self._read_offset == len(ids) and t < len(texts):
+                text = texts[t]
+                if text is not None:  # as in add(): nothing held back, a context-free token
+                    if text:
+                        pieces.append(text)
+                        self._parts.append(text)
+                    continue
             ids.append(t)
             piece = stream.step(tokenizer, t)  # None: held back (unfinished character, or no new text)
             if piece is not None:
@@ -143,9 +168,14 @@ class TextStream:
         stop: list[str],
         prior_output_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
+        texts: Sequence[str | None] | None = None,
     ):
-        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+        """texts: the tokenizer's `context_free_texts` table (built for the same skip_special_tokens)."""
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer, prompt_token_ids, skip_special_tokens, texts=texts
+        )
         self._stops = StopStrings(stop)
+        # What was emitted, when it differs from the detokenizer's text (only with stop strings).
         self._parts: list[str] = []
         if prior_output_ids:
             self.append(prior_output_ids)
@@ -156,17 +186,11 @@ class TextStream:
 
     def append(self, token_ids: Sequence[int]) -> tuple[str, bool]:
         stops = self._stops
+        if not stops.stop:  # no stop strings: everything decoded is emitted
+            return self._detokenizer.add(token_ids), False
         if stops.stopped:
             return "", True
-        text = self._detokenizer.add(token_ids)
-        if not stops.stop:  # no stop strings: everything decoded is emitted
-            if text:
-                self._parts.append(text)
-            return text, False
-        return self._feed(text)
-
-    def _feed(self, text: str) -> tuple[str, bool]:
-        delta, stopped = self._stops.feed(text)
+        delta, stopped = stops.feed(self._detokenizer.add(token_ids))
         if delta:
             self._parts.append(delta)
         return delta, stopped
@@ -174,7 +198,7 @@ class TextStream:
     @property
     def text(self) -> str:
         """Everything emitted so far: the concatenated deltas."""
-        return "".join(self._parts)
+        return "".join(self._parts) if self._stops.stop else self._detokenizer.text
 
     def finish(self) -> str:
         if self.stopped:
@@ -182,6 +206,6 @@ class TextStream:
         delta, stopped = self._stops.feed(self._detokenizer.finish())
         if not stopped:
             delta += self._stops.flush()
-        if delta:
+        if delta and self._stops.stop:
             self._parts.append(delta)
         return delta

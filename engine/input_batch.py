@@ -2,8 +2,9 @@
 
 Per step the runner needs flat input ids and positions [T], the slot of every new token [T], and per
 sequence its query start [S + 1], context length [S] and block table [S, W]. Built per token in Python
-this cost ~7 ms at 256 sequences x 1k tokens; here the per-sequence loop only collects four ints and the
-per-token work is numpy:
+this cost ~7 ms at 256 sequences x 1k tokens; here the sequences' fields are read as columns in C
+(attrgetter + zip), one comprehension finds each sequence's table row, and the per-token work is numpy
+(a decode-only step, one token per sequence, skips the per-token index arithmetic altogether):
 
     seq:        A (chunk of 3 from pos 5)   B (decode at pos 9)
     qlens:      3                           1
@@ -12,17 +13,20 @@ per-token work is numpy:
     slots:      table[row[seq_of], pos // bs] * bs + pos % bs
 
 Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table
-that only grows by the blocks appended since the last step; a step gathers its rows. The results are
-copied into device buffers allocated once, so the tensors of a step of S sequences and T tokens are always
-views at the same addresses, which CUDA graph replay needs. Padding (`pad_to`) appends decode-like
+that only grows by the blocks appended since the last step (a row written from the very tuple the block
+manager hands over again is not looked at); a step gathers its rows. The results are written into the
+host mirrors of device buffers allocated once (on the CPU, the buffers themselves), so the tensors of a
+step of S sequences and T tokens are always views at the same addresses, which CUDA graph replay needs. Padding (`pad_to`) appends decode-like
 sequences with slot -1 (their K/V are not written), position 0, context length 1 and an all-zero block
 table row, so a padded batch computes the same rows for every real sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
+from itertools import chain, compress
+from operator import add, attrgetter
 
 import numpy as np
 import torch
@@ -32,63 +36,65 @@ from engine.core.scheduler_output import ScheduledSequence
 
 
 class BlockTables:
-    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end)."""
+    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end).
+
+    Each row remembers the block ids written into it, as a tuple. The block manager hands out a new tuple
+    only when a request's table changes (engine/core/block_manager.py), so meeting the same object again
+    (`is`) proves the row up to date: most decode steps, one dict lookup. Otherwise the remembered ids are
+    compared with the new ones: a table that grew gets only its new blocks written, anything else (a
+    preempted request recomputed into other blocks, an id reused by another request) its whole row.
+    """
 
     def __init__(self, rows: int = 64, width: int = 64) -> None:
         self.table = np.zeros((rows, width), dtype=np.int32)
-        self.counts = np.zeros(rows, dtype=np.int64)  # valid entries per row
-        self.rows: dict[str, int] = {}
-        # The Request object each row was filled for: an id reused by a new request rewrites the row.
-        self.owners: dict[str, object] = {}
+        # request id -> (its row, the block ids written there). A list given to row_for is kept as a
+        # tuple copy (never `is` the next list: compared by content each time).
+        self.written: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._free = list(range(rows - 1, -1, -1))
-        # request id -> (row, owner, number of blocks, last block id) as of the last row_for: a decode
-        # step that appended no block is answered from here without touching numpy (~0.2 us, not ~1.5).
-        self._last: dict[str, tuple[int, object, int, int]] = {}
 
-    def row_for(self, request_id: str, block_ids: list[int], owner: object = None) -> int:
-        """The request's row, updated to `block_ids`. A running request's table only grows, so only the
-        blocks appended since the last step are written; a new owner of the id, a shorter table or a
-        changed last block rewrites the row (a preempted request's row is released by the caller)."""
-        last = self._last.get(request_id)
-        if last is not None and last[1] is owner and last[2] == len(block_ids) and block_ids[-1] == last[3]:
-            return last[0]
-        row = self._row_for(request_id, block_ids, owner)
-        if block_ids:
-            self._last[request_id] = (row, owner, len(block_ids), block_ids[-1])
-        else:
-            self._last.pop(request_id, None)
-        return row
+    @property
+    def rows(self) -> dict[str, int]:
+        """request id -> its row."""
+        return {request_id: row for request_id, (row, _) in self.written.items()}
 
-    def _row_for(self, request_id: str, block_ids: list[int], owner: object) -> int:
-        row = self.rows.get(request_id)
-        if row is None:
+    def row_for(self, request_id: str, block_ids: Sequence[int]) -> int:
+        """The request's row, holding `block_ids` after this call."""
+        written = self.written.get(request_id)
+        if written is None:
             row = self._take()
-            self.rows[request_id] = row
-        known = int(self.counts[row])
-        n = len(block_ids)
-        stale = self.owners.get(request_id) is not owner
-        self.owners[request_id] = owner
-        if stale or n < known or (known and self.table[row, known - 1] != block_ids[known - 1]):
-            self.table[row, :known] = 0
-            known = 0
-        if n > known:
-            if n > self.table.shape[1]:
-                self._grow(width=max(n, 2 * self.table.shape[1]))
-            self.table[row, known:n] = block_ids[known:]
-            self.counts[row] = n
+            self._write(row, 0, block_ids)
+        else:
+            row, old = written
+            if old is block_ids:
+                return row
+            known = len(old)
+            if len(block_ids) >= known and tuple(block_ids[:known]) == old:
+                self._write(row, known, block_ids)  # grew (or the same ids in a new object)
+            else:
+                self.table[row, :known] = 0
+                self._write(row, 0, block_ids)
+        self.written[request_id] = (row, block_ids if type(block_ids) is tuple else tuple(block_ids))
         return row
+
+    def _write(self, row: int, start: int, block_ids: Sequence[int]) -> None:
+        """Write block_ids[start:] into the row (its first `start` entries already hold block_ids[:start])."""
+        n = len(block_ids)
+        if n > self.table.shape[1]:
+            self._grow(width=max(n, 2 * self.table.shape[1]))
+        if n == start + 1:  # one block appended: the common case, a scalar write
+            self.table[row, start] = block_ids[start]
+        elif n > start:
+            self.table[row, start:n] = block_ids[start:]
 
     def release(self, request_id: str) -> None:
-        self._last.pop(request_id, None)
-        self.owners.pop(request_id, None)
-        row = self.rows.pop(request_id, None)
-        if row is not None:
-            self.table[row, : self.counts[row]] = 0
-            self.counts[row] = 0
+        written = self.written.pop(request_id, None)
+        if written is not None:
+            row, old = written
+            self.table[row, : len(old)] = 0
             self._free.append(row)
 
     def release_all_but(self, alive: Container[str]) -> None:
-        for request_id in [r for r in self.rows if r not in alive]:
+        for request_id in [r for r in self.written if r not in alive]:
             self.release(request_id)
 
     def _take(self) -> int:
@@ -102,16 +108,27 @@ class BlockTables:
         r, w = rows or self.table.shape[0], width or self.table.shape[1]
         table = np.zeros((r, w), dtype=np.int32)
         table[: self.table.shape[0], : self.table.shape[1]] = self.table
-        counts = np.zeros(r, dtype=np.int64)
-        counts[: len(self.counts)] = self.counts
-        self.table, self.counts = table, counts
+        self.table = table
 
 
 class DeviceBuffers:
     """Step tensors allocated once at their maximum sizes; a step's tensors are views of their prefixes.
 
     Sizes grow (new addresses) when a step needs more, unless `frozen` (CUDA graphs captured), then it raises.
+    Each buffer has a host-side numpy mirror (`host[name]`) that prepare() writes into; `upload` then gives
+    the device view. On the CPU the mirror is the buffer itself (a numpy view of the same memory): no copy.
+    Elsewhere it is pinned host memory, copied over by `upload`.
     """
+
+    NAMES = (
+        "input_ids",
+        "positions",
+        "slot_mapping",
+        "query_start_loc",
+        "seq_lens",
+        "block_tables",
+        "sample_rows",
+    )
 
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
         self.device = device
@@ -129,6 +146,21 @@ class DeviceBuffers:
         # Flat, so that a step's [S, W] view is contiguous whatever W: [max_seqs * max_blocks]
         self.block_tables = torch.zeros(max_seqs * max_blocks, dtype=torch.int32, device=dev)
         self.sample_rows = torch.zeros(max_seqs, dtype=torch.int64, device=dev)  # [B]
+        self.on_host = dev.type == "cpu"
+        pin = not self.on_host and torch.cuda.is_available()
+        self.host: dict[str, np.ndarray] = {
+            name: (t if self.on_host else torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)).numpy()
+            for name in self.NAMES
+            for t in (getattr(self, name),)
+        }
+
+    def upload(self, name: str, n: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The device view of the first n entries of buffer `name` (reshaped to `shape`), holding what
+        prepare() wrote into `host[name][:n]`."""
+        view = getattr(self, name)[:n]
+        if not self.on_host:
+            view.copy_(torch.from_numpy(self.host[name][:n]))
+        return view if shape is None else view.view(shape)
 
     def fit(self, tokens: int, seqs: int, blocks: int) -> None:
         if tokens <= self.max_tokens and seqs <= self.max_seqs and blocks <= self.max_blocks:
@@ -146,6 +178,37 @@ class DeviceBuffers:
         view = buffer[: values.size].view(values.shape)
         view.copy_(torch.from_numpy(values), non_blocking=False)
         return view
+
+
+# The columns prepare() reads from each ScheduledSequence, all at once in C.
+_COLUMNS = attrgetter("request_id", "token_ids", "start_pos", "block_ids", "sample")
+
+
+def _columns(seqs: list[ScheduledSequence]) -> tuple[tuple, ...]:
+    """(request ids, token id lists, start positions, block tables, sample flags), one tuple each."""
+    return tuple(zip(*map(_COLUMNS, seqs), strict=True)) if seqs else ((), (), (), (), ())
+
+
+def _fork_sample_rows(seqs: list[ScheduledSequence]) -> tuple[list[str], list[int]]:
+    """(ids of the sampled sequences, the flat row of the logits each samples from) for a step with forks:
+    a fork has no tokens of its own and samples from its parent's last row."""
+    last_row: dict[str, int] = {}
+    num_tokens = 0
+    for s in seqs:
+        if s.token_ids:
+            num_tokens += len(s.token_ids)
+            last_row[s.request_id] = num_tokens - 1
+        elif s.fork_of is None:
+            raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
+    ids, rows = [], []
+    for s in seqs:
+        if s.sample:
+            source = s.request_id if s.token_ids else s.fork_of
+            if source not in last_row:
+                raise ValueError(f"fork {s.request_id}: parent {source} has no tokens in this step")
+            ids.append(s.request_id)
+            rows.append(last_row[source])
+    return ids, rows
 
 
 @dataclass(frozen=True)
@@ -170,17 +233,18 @@ class InputBatch:
         self.block_size = block_size
         self.tables = BlockTables(max_seqs, max_blocks)
         self.buffers = DeviceBuffers(device, max_tokens, max_seqs, max_blocks)
+        self._arange = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: sliced, never written
 
     def prepare(
         self,
         seqs: list[ScheduledSequence],
-        alive: Mapping[str, object] | None = None,
+        alive: Container[str] | None = None,
         pad_to: int | None = None,
         full_width: bool = False,
         preempted: Sequence[str] = (),
     ) -> PreparedStep:
-        """Lay out `seqs`. alive: the unfinished requests by id (rows of the others are freed; a row is
-        rewritten when its id now names another request object). preempted: ids whose blocks were freed.
+        """Lay out `seqs`. alive: the ids of the unfinished requests (rows of the others are freed).
+        preempted: ids whose blocks were freed.
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
         bs = self.block_size
@@ -189,77 +253,98 @@ class InputBatch:
             tables.release_all_but(alive)
         for request_id in preempted:
             tables.release(request_id)
-        owner_of = alive.get if alive is not None else (lambda _: None)
-        ids: list[int] = []
-        starts: list[int] = []
-        qlens: list[int] = []
-        rows: list[int] = []
-        last_row: dict[str, int] = {}
-        for s in seqs:
-            n = len(s.token_ids)
-            if not n:
-                if s.fork_of is None:
-                    raise ValueError(f"sequence {s.request_id} has no tokens and is not a fork")
-                continue
-            rows.append(tables.row_for(s.request_id, s.block_ids, owner_of(s.request_id)))
-            ids.extend(s.token_ids)
-            starts.append(s.start_pos)
-            qlens.append(n)
-            last_row[s.request_id] = len(ids) - 1
-        sample_ids = [s.request_id for s in seqs if s.sample]
-        sample_rows = []
-        for s in seqs:
-            if s.sample:
-                source = s.request_id if s.token_ids else s.fork_of
-                if source not in last_row:
-                    raise ValueError(f"fork {s.request_id}: parent {source} has no tokens in this step")
-                sample_rows.append(last_row[source])
+        rids, toks, starts, blocks, samples = _columns(seqs)
+        qlens = list(map(len, toks))
+        forked = None
+        if 0 in qlens:  # forks: they sample, but have no tokens to lay out
+            forked = _fork_sample_rows(seqs)
+            rids, toks, starts, blocks, samples = _columns([s for s in seqs if s.token_ids])
+            qlens = list(map(len, toks))
+        ids = list(chain.from_iterable(toks))
+        # BlockTables.row_for, inlined for its common case: the row was written from this very tuple.
+        written, row_for = tables.written.get, tables.row_for
+        rows = [
+            w[0] if (w := written(rid)) is not None and w[1] is b else row_for(rid, b)
+            for rid, b in zip(rids, blocks, strict=True)
+        ]
 
-        num_real = len(qlens)
-        pad = 0
-        if pad_to is not None and pad_to > num_real and all(q == 1 for q in qlens):
-            pad = pad_to - num_real
-        q = np.array(qlens + [1] * pad, dtype=np.int64)  # [S]
-        start = np.array(starts + [0] * pad, dtype=np.int64)  # [S]
-        num_seqs, num_tokens = len(q), len(ids) + pad
-        qsl = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(q, out=qsl[1:])
-        seq_of = np.repeat(np.arange(num_seqs), q)  # [T]
-        pos = np.arange(num_tokens) - qsl[seq_of] + start[seq_of]  # [T]
-        seq_lens = start + q  # [S]
-        width = int(-(-seq_lens[:num_real].max() // bs)) if num_real else 1
+        num_real, real_tokens = len(qlens), len(ids)
+        decode_only = real_tokens == num_real  # one token per sequence
+        pad = pad_to - num_real if pad_to is not None and pad_to > num_real and decode_only else 0
+        num_seqs, num_tokens = num_real + pad, real_tokens + pad
+        buf = self.buffers
+        width = -(-max(map(add, starts, qlens)) // bs) if num_real else 1
+        num_samples = len(forked[0]) if forked is not None else num_real
+        buf.fit(num_tokens, max(num_seqs, num_samples), width)
         table = tables.table
         if width > table.shape[1]:
             raise ValueError(f"a sequence needs {width} blocks but its table holds {table.shape[1]}")
-        real_tokens = len(ids)
-        slots = np.full(num_tokens, -1, dtype=np.int64)
-        row_arr = np.array(rows, dtype=np.int64)
-        real_pos = pos[:real_tokens]
-        slots[:real_tokens] = table[row_arr[seq_of[:real_tokens]], real_pos // bs] * bs + real_pos % bs
-        pos[real_tokens:] = 0
-
-        buf = self.buffers
-        buf.fit(num_tokens, max(num_seqs, len(sample_rows)), width)
+        # Written straight into the buffers' host mirrors; padding sequences get position 0, slot -1,
+        # context length 1 and an all-zero block table row.
+        host = buf.host
+        if len(self._arange) <= num_tokens + num_seqs:
+            self._arange = np.arange(2 * (num_tokens + num_seqs) + 1, dtype=np.int64)
+        input_ids = host["input_ids"][:num_tokens]  # [T]
+        input_ids[:real_tokens] = ids
+        input_ids[real_tokens:] = 0
+        pos = host["positions"][:num_tokens]  # [T]
+        row_arr = np.array(rows, dtype=np.int64)  # [S_real]
+        seq_lens = host["seq_lens"][:num_seqs]  # [S] int32
+        qsl = host["query_start_loc"][: num_seqs + 1]  # [S + 1] int32
+        if decode_only:  # token i is sequence i: positions are the starts, no per-token index arithmetic
+            pos[:num_real] = starts
+            pos[num_real:] = 0
+            np.add(pos, 1, out=seq_lens, casting="unsafe")
+            qsl[:] = self._arange[: num_seqs + 1]
+            token_rows, real_pos = row_arr, pos[:real_tokens]
+        else:
+            q = np.array(qlens, dtype=np.int64)  # [S]
+            start = np.array(starts, dtype=np.int64)  # [S]
+            last = np.cumsum(q)  # [S]: end of each sequence's tokens
+            qsl[0] = 0
+            qsl[1:] = last
+            seq_of = np.repeat(self._arange[:num_real], q)  # [T]
+            pos[:] = self._arange[:num_tokens] - (last - q)[seq_of] + start[seq_of]
+            seq_lens[:] = start + q
+            token_rows, real_pos = row_arr[seq_of], pos
+        slots = host["slot_mapping"][:num_tokens]  # [T]
+        slots[:real_tokens] = table[token_rows, real_pos // bs] * bs + real_pos % bs
+        slots[real_tokens:] = -1
         out_width = buf.max_blocks if full_width else width
-        block_tables = np.zeros((num_seqs, out_width), dtype=np.int32)
+        block_tables = host["block_tables"][: num_seqs * out_width].reshape(num_seqs, out_width)  # [S, W]
         block_tables[:num_real, :width] = table[row_arr, :width]
-        put = DeviceBuffers.put
+        block_tables[:num_real, width:] = 0
+        block_tables[num_real:] = 0
+
+        if forked is not None:
+            sample_ids, sample_list = forked
+            host["sample_rows"][:num_samples] = sample_list
+        elif all(samples):  # every sequence samples from its last token
+            sample_ids = list(rids)
+            np.subtract(qsl[1 : num_real + 1], 1, out=host["sample_rows"][:num_real])
+        else:
+            sample_ids = list(compress(rids, samples))
+            num_samples = len(sample_ids)
+            host["sample_rows"][:num_samples] = (qsl[1 : num_real + 1] - 1)[np.array(samples, dtype=bool)]
+
+        up = buf.upload
+        seq_lens_cpu = tuple(seq_lens.tolist())
         meta = AttentionMetadata(
-            slot_mapping=put(buf.slot_mapping, slots),
-            query_start_loc=put(buf.query_start_loc, qsl.astype(np.int32)),
-            seq_lens=put(buf.seq_lens, seq_lens.astype(np.int32)),
-            block_tables=put(buf.block_tables, block_tables),
-            max_query_len=int(q.max()),
-            max_seq_len=int(seq_lens.max()),
-            is_decode_only=bool((q == 1).all()),
-            query_lens_cpu=tuple(q.tolist()),
-            seq_lens_cpu=tuple(seq_lens.tolist()),
+            slot_mapping=up("slot_mapping", num_tokens),
+            query_start_loc=up("query_start_loc", num_seqs + 1),
+            seq_lens=up("seq_lens", num_seqs),
+            block_tables=up("block_tables", num_seqs * out_width, (num_seqs, out_width)),
+            max_query_len=1 if decode_only else max(qlens),
+            max_seq_len=max(seq_lens_cpu),
+            is_decode_only=decode_only,
+            query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens),
+            seq_lens_cpu=seq_lens_cpu,
         )
         return PreparedStep(
-            input_ids=put(buf.input_ids, np.array(ids + [0] * pad, dtype=np.int64)),
-            positions=put(buf.positions, pos),
+            input_ids=up("input_ids", num_tokens),
+            positions=up("positions", num_tokens),
             meta=meta,
-            sample_rows=put(buf.sample_rows, np.array(sample_rows, dtype=np.int64)),
+            sample_rows=up("sample_rows", num_samples),
             sample_ids=sample_ids,
             num_padded_seqs=pad,
         )

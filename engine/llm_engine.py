@@ -42,6 +42,7 @@ from engine.tokenizer import encode_chat, eos_token_ids, load_tokenizer
 
 # Joins a user's request id and a sample index into the id of one sequence of an n > 1 request.
 _SAMPLE_SEP = "\x1f"
+_RUNNING = RequestStatus.RUNNING
 
 
 class LLMEngine:
@@ -192,7 +193,11 @@ class LLMEngine:
         self._groups[request_id] = [r.request_id for r in requests]
         for request in requests:
             self._streams[request.request_id] = TextStream(
-                self._decoder, prompt_ids, params.stop, prior_output_ids=request.output_token_ids
+                self._decoder,
+                prompt_ids,
+                params.stop,
+                prior_output_ids=request.output_token_ids,
+                texts=self._pieces.texts,
             )
             self._next_index[request.request_id] = request.num_output_tokens
         for request in requests:
@@ -245,9 +250,7 @@ class LLMEngine:
         runner_out = self.runner.execute(sched_out, self.scheduler.requests)
         updated = self.scheduler.update_from_output(sched_out, runner_out)
         rejected = self.structured.accept(updated)
-        logprobs = runner_out.logprobs
-        delta_for = self._delta_for
-        deltas.extend([delta_for(r, logprobs.get(r.request_id) if logprobs else None) for r in updated])
+        deltas += self._deltas(updated, runner_out.logprobs)
         return deltas + self._fail_structured(rejected) if rejected else deltas
 
     def _fail_structured(self, failures: list[tuple[Request, str]]) -> list[StepDelta]:
@@ -264,29 +267,57 @@ class LLMEngine:
             deltas.append(replace(delta, error=error))
         return deltas
 
-    def _delta_for(self, request: Request, logprobs: list[tuple[int, float]] | None) -> StepDelta:
-        seq_id = request.request_id
-        first = self._next_index[seq_id]
-        new_ids = request.output_token_ids[first:]
-        self._num_generated_tokens += len(new_ids)
-        stream = self._streams[seq_id]
-        text, stopped = stream.append(new_ids)
-        if stopped and not request.is_finished:
-            self.scheduler.finish_request(seq_id, RequestStatus.FINISHED_STOPPED)
-        lp = [logprobs] if logprobs is not None else None
-        if request.status is not RequestStatus.RUNNING or lp is not None:  # finished, or logprobs to add
-            if request.is_finished:
-                return self._finish_delta(
-                    request, request.finish_reason or "stop", text + stream.finish(), new_ids, lp
+    def _deltas(
+        self, updated: list[Request], logprobs: dict[str, list[tuple[int, float]]]
+    ) -> list[StepDelta]:
+        """One StepDelta per request that got tokens this step, in batch order.
+
+        Runs once per running request per step (256 times at full batch), so the common case (still
+        running, no logprobs, no stop string matched) is inlined: one text append, one StepDelta."""
+        out: list[StepDelta] = []
+        add = out.append
+        streams, next_index = self._streams, self._next_index
+        generated = 0
+        for request in updated:
+            seq_id = request.request_id
+            first = next_index[seq_id]
+            new_ids = request.output_token_ids[first:]
+            num_new = len(new_ids)
+            generated += num_new
+            text, stopped = streams[seq_id].append(new_ids)
+            if stopped or request.status is not _RUNNING or (logprobs and seq_id in logprobs):
+                add(self._delta_for(request, new_ids, text, stopped, logprobs.get(seq_id)))
+                continue
+            num_output = first + num_new
+            next_index[seq_id] = num_output
+            # All fields positional: 0.35 us against 0.5 us with keywords (~40 us per step at 256).
+            add(
+                StepDelta(
+                    request.group_id, request.sample_index, new_ids, text, first,
+                    None, None, False, None,  # logprobs, logprob_tokens, finished, finish_reason
+                    len(request.prompt_token_ids), None, num_output,  # num_prompt_tokens, text, num_output
                 )
-            return self._make_delta(request, new_ids, text, lp)
-        # The common case, once per running request per step: what _make_delta builds, inlined.
-        num_output = first + len(new_ids)
-        self._next_index[seq_id] = num_output
-        return StepDelta(
-            request.group_id, request.sample_index, new_ids, text, first,
-            num_prompt_tokens=len(request.prompt_token_ids), num_output_tokens=num_output,
-        )  # fmt: skip
+            )  # fmt: skip
+        self._num_generated_tokens += generated
+        return out
+
+    def _delta_for(
+        self,
+        request: Request,
+        new_ids: list[int],
+        text: str,
+        stopped: bool,
+        logprobs: list[tuple[int, float]] | None,
+    ) -> StepDelta:
+        """The delta of a request that finished in this step (or matched a stop string), or has logprobs."""
+        if stopped and not request.is_finished:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        lp = [logprobs] if logprobs is not None else None
+        if request.is_finished:
+            stream = self._streams[request.request_id]
+            reason = request.finish_reason or "stop"
+            return self._finish_delta(request, reason, text + stream.finish(), new_ids, lp)
+        return self._make_delta(request, new_ids, text, lp)
 
     def _finish_delta(
         self,

@@ -4,6 +4,10 @@ block_size = 4, prompt = 10 tokens
 tokens   [t0 t1 t2 t3][t4 t5 t6 t7][t8 t9 .  .]
 table    [    7      ][     2     ][    9     ]     full blocks 7, 2 are hashed: h7 = H(None, t0..t3),
                                                   h2 = H(h7, t4..t7); block 9 is partial, never hashed.
+
+A table is an immutable tuple, replaced by a new one only when blocks are appended (one decode step in
+block_size): the scheduler hands the same object to the runner step after step without copying it, and
+the runner knows its row is up to date when it sees the object it wrote last time (`is`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ class KVBlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._hash_fn = hash_fn
-        self._tables: dict[str, list[int]] = {}
+        # request id -> its block table (a new tuple whenever blocks are appended; see the module docstring).
+        self.tables: dict[str, tuple[int, ...]] = {}
         # Chain hashes of the request's full blocks, computed once per block (kept while it has a table
         # or sits at the head of the waiting queue).
         self._hashes: dict[str, list[BlockHash]] = {}
@@ -72,12 +77,12 @@ class KVBlockManager:
     def num_used_blocks(self) -> int:
         return self.pool.num_blocks - self.pool.num_free
 
-    def block_ids(self, request_id: str) -> list[int]:
-        """The live table (do not mutate); empty when the request holds no blocks."""
-        return self._tables.get(request_id, [])
+    def block_ids(self, request_id: str) -> tuple[int, ...]:
+        """The request's table; empty when it holds no blocks."""
+        return self.tables.get(request_id, ())
 
     def table_owners(self) -> set[str]:
-        return set(self._tables)
+        return set(self.tables)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -85,7 +90,7 @@ class KVBlockManager:
     def has_room(self, request_id: str, num_tokens: int) -> bool:
         """Whether the request's table already holds `num_tokens` tokens (then allocate_slots would take
         nothing): most decode steps, answered without building an Allocation."""
-        table = self._tables.get(request_id)
+        table = self.tables.get(request_id)
         return table is not None and len(table) * self.block_size >= num_tokens
 
     # ------------------------------------------------------------------ verbs
@@ -112,9 +117,11 @@ class KVBlockManager:
     ) -> Allocation | None:
         """Grow the table to hold num_computed_tokens + num_new_tokens tokens (after the cached prefix on
         admission). None when the free blocks do not suffice; then nothing changed."""
-        table = self._tables.get(request.request_id)
+        rid = request.request_id
+        table = self.tables.get(rid)
+        admitted = table is None
         if table is None:
-            table = []
+            table = ()
             num_computed = cached.num_tokens
         else:
             assert not cached.blocks, "a cached prefix is only taken on admission"
@@ -124,21 +131,20 @@ class KVBlockManager:
         num_revived = sum(1 for b in cached.blocks if b.ref_cnt == 0)
         if max(num_new_blocks, 0) + num_revived > self.pool.num_free:
             return None
-        if request.request_id not in self._tables:
-            self._tables[request.request_id] = table
-            self._num_registered[request.request_id] = len(cached.blocks)
+        if admitted:
+            self._num_registered[rid] = len(cached.blocks)
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += cached.num_tokens
         # Touch hits before taking new blocks, else the LRU eviction could hand out a hit block.
         for block in cached.blocks:
             self.pool.touch(block)
-            table.append(block.block_id)
         new_ids = []
         for _ in range(num_new_blocks):
             fresh = self.pool.take()
             assert fresh is not None
-            table.append(fresh.block_id)
             new_ids.append(fresh.block_id)
+        if admitted or new_ids:  # a new object only when the content changes
+            self.tables[rid] = table + tuple(b.block_id for b in cached.blocks) + tuple(new_ids)
         return Allocation(tuple(new_ids))
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -146,7 +152,7 @@ class KVBlockManager:
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
-        table = self._tables.get(rid)
+        table = self.tables.get(rid)
         if table is None:
             return
         start = self._num_registered[rid]
@@ -165,7 +171,7 @@ class KVBlockManager:
     def fork(self, parent: Request, child: Request) -> Fork | None:
         """Give `child` the parent's prompt blocks: full blocks shared by reference, a partly filled last
         block copied into a fresh one (the runner copies after this step's forward). None: no free block."""
-        table = self._tables[parent.request_id]
+        table = self.tables[parent.request_id]
         num_prompt = parent.num_prompt_tokens
         num_full = num_prompt // self.block_size
         partial = num_prompt % self.block_size != 0
@@ -179,8 +185,8 @@ class KVBlockManager:
         for block_id in child_table:
             self.pool.touch(self.pool.blocks[block_id])
         if partial:
-            child_table.append(copies[0][1])
-        self._tables[child.request_id] = child_table
+            child_table += (copies[0][1],)
+        self.tables[child.request_id] = child_table
         self._num_registered[child.request_id] = 0
         if parent.request_id in self._hashes:
             self._hashes[child.request_id] = self._hashes[parent.request_id][:num_full]
@@ -191,7 +197,7 @@ class KVBlockManager:
         rid = request.request_id
         self._hashes.pop(rid, None)
         self._num_registered.pop(rid, None)
-        table = self._tables.pop(rid, None)
+        table = self.tables.pop(rid, None)
         if table is None:
             return
         blocks = self.pool.blocks
@@ -200,7 +206,7 @@ class KVBlockManager:
 
     def check_invariants(self) -> None:
         holders: dict[int, int] = {}
-        for table in self._tables.values():
+        for table in self.tables.values():
             for block_id in table:
                 holders[block_id] = holders.get(block_id, 0) + 1
         self.pool.check_invariants(holders)

@@ -27,3 +27,22 @@ def check_stop(
     ) + num_out >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+class StopTriggers:
+    """When check_stop can answer something other than None, computed once per request: only after a token
+    in `token_ids`, or once the output reaches `num_outputs` tokens. The scheduler tests these two (a set
+    lookup and a comparison) each decode step and calls check_stop, the rule itself, only when one holds."""
+
+    __slots__ = ("num_outputs", "token_ids")
+
+    def __init__(self, request: Request, eos_token_ids: Collection[int], max_model_len: int) -> None:
+        params = request.params
+        ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            ids.update(eos_token_ids)
+        self.token_ids = frozenset(ids)
+        limit = max_model_len - len(request.prompt_token_ids)
+        if params.max_tokens is not None:
+            limit = min(limit, params.max_tokens)
+        self.num_outputs = limit

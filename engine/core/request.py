@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # finish_rules imports this module
+    from engine.core.finish_rules import StopTriggers
 
 
 class RequestStatus(enum.Enum):
@@ -60,6 +64,8 @@ class Request:
     num_preemptions: int = 0
     # prompt + output as one list, extended in place by append_output_token (see token_ids()).
     _token_ids: list[int] | None = field(default=None, init=False, repr=False)
+    # Set by the scheduler when the request is added (None: not known yet, check_stop every step).
+    stop_triggers: StopTriggers | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.group_id:
@@ -67,9 +73,11 @@ class Request:
 
     def token_ids(self) -> list[int]:
         """prompt + output without copying each step; callers must not mutate it."""
-        if self._token_ids is None or len(self._token_ids) != self.num_tokens:
-            self._token_ids = self.prompt_token_ids + self.output_token_ids
-        return self._token_ids
+        # Runs once per running request per step: no property call in the common case.
+        tokens = self._token_ids
+        if tokens is None or len(tokens) != len(self.prompt_token_ids) + len(self.output_token_ids):
+            tokens = self._token_ids = self.prompt_token_ids + self.output_token_ids
+        return tokens
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
 from engine.core.block_manager import KVBlockManager
-from engine.core.finish_rules import check_stop
+from engine.core.finish_rules import StopTriggers, check_stop
 from engine.core.fork_waitlist import ForkWaitlist
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import make_queue
@@ -87,6 +87,7 @@ class Scheduler:
                 RejectReason.DUPLICATE_ID, f"request id {request.request_id!r} is already queued"
             )
         self.requests[request.request_id] = request
+        request.stop_triggers = StopTriggers(request, self.eos_token_ids, self.config.max_model_len)
         if self.forks.add(request):
             return
         if request.status is RequestStatus.WAITING_FOR_GRAMMAR:
@@ -129,20 +130,31 @@ class Scheduler:
         running = self.running
         was_running = bool(running)
 
-        has_room = self.kv.has_room
-        i = 0
-        while i < len(running) and budget > 0:
-            request = running[i]
+        # Running requests, most of them decoding: the per-request work is inlined here (it runs 256 times a
+        # step at full batch). A request whose table already holds its tokens skips the allocator.
+        tables = self.kv.tables
+        block_size = self.kv.block_size
+        add = step.sequences.append
+        forks = None if step.no_forks else self.forks
+        for request in running:  # preemption pops from the back, which this loop has not reached
+            if budget <= 0:
+                break
+            rid = request.request_id
+            tokens = request.token_ids()
             start = request.num_computed_tokens
-            n = min(request.num_tokens - start, budget)
-            # Most decode steps need no new block: skip the allocator (and preemption) for them.
-            if not has_room(request.request_id, start + n) and not self._allocate_or_preempt(
-                request, n, step
-            ):
-                break  # it was the last one, and preempted itself
-            self._schedule(request, n, step)
-            budget -= n
-            i += 1
+            end = len(tokens)
+            if end - start > budget:
+                end = start + budget
+            table = tables.get(rid)
+            if table is None or len(table) * block_size < end:
+                if not self._allocate_or_preempt(request, end - start, step):
+                    break  # it was the last one, and preempted itself
+                table = tables[rid]
+            sample = end == len(tokens)
+            add(ScheduledSequence(rid, tokens[start:end], start, table, sample))
+            if sample and forks is not None and forks.num_siblings(request):
+                self._fork(request, step)
+            budget -= end - start
 
         static = cfg.scheduling == "static"
         if static and not was_running:
@@ -184,29 +196,38 @@ class Scheduler:
         requests that got a token this step (finished ones included; they already left `running`)."""
         sampled = runner_output.sampled_token_ids
         updated: list[Request] = []
+        add = updated.append
         any_finished = False
         requests, eos, max_model_len = self.requests, self.eos_token_ids, self.config.max_model_len
         cache_blocks = self.kv.enable_prefix_caching
         forks = not self.forks.is_empty()
         for seq in scheduler_output.sequences:
-            request = requests.get(seq.request_id)
+            rid = seq.request_id
+            request = requests.get(rid)
             if request is None or request.status is not _RUNNING:
                 continue  # aborted or finished from outside after this step was scheduled
             request.num_computed_tokens = seq.start_pos + len(seq.token_ids)
-            if seq.sample:
-                token = sampled[seq.request_id]
-                request.append_output_token(token)
+            if not seq.sample:
+                if cache_blocks:
+                    self.kv.cache_full_blocks(request)
+                continue
+            token = sampled[rid]
+            request.append_output_token(token)
             if cache_blocks:
                 self.kv.cache_full_blocks(request)
-            if not seq.sample:
-                continue
             if forks:
                 self._release_forks(request)  # siblings added after the fork was scheduled
-            status = check_stop(request, token, eos, max_model_len)
-            if status is not None:
-                self._finish(request, status, leave_running=True)
-                any_finished = True
-            updated.append(request)
+            triggers = request.stop_triggers
+            if (
+                triggers is None
+                or token in triggers.token_ids
+                or len(request.output_token_ids) >= triggers.num_outputs
+            ):
+                status = check_stop(request, token, eos, max_model_len)
+                if status is not None:
+                    self._finish(request, status, leave_running=True)
+                    any_finished = True
+            add(request)
         if any_finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
         return updated
@@ -266,6 +287,7 @@ class Scheduler:
         return True
 
     def _schedule(self, request: Request, n: int, step: _Step) -> None:
+        """Admission of a waiting request (running ones are scheduled inline in schedule())."""
         start = request.num_computed_tokens
         tokens = request.token_ids()
         sample = start + n == len(tokens)
@@ -274,7 +296,7 @@ class Scheduler:
                 request.request_id,
                 tokens[start : start + n],
                 start,
-                list(self.kv.block_ids(request.request_id)),
+                self.kv.block_ids(request.request_id),
                 sample,
             )
         )
@@ -302,7 +324,7 @@ class Scheduler:
                     request_id=sibling.request_id,
                     token_ids=[],
                     start_pos=parent.num_prompt_tokens,
-                    block_ids=list(self.kv.block_ids(sibling.request_id)),
+                    block_ids=self.kv.block_ids(sibling.request_id),
                     sample=True,
                     fork_of=parent.request_id,
                 )

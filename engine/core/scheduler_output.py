@@ -23,8 +23,10 @@ class ScheduledSequence:
     token_ids: list[int]
     # Absolute position of token_ids[0] (== num_computed_tokens before this step).
     start_pos: int
-    # The sequence's whole block table after this step's allocation.
-    block_ids: list[int]
+    # The sequence's whole block table after this step's allocation: the block manager's own immutable
+    # tuple, the same object from step to step until a block is appended (the runner relies on that to
+    # skip rewriting its row; see engine/core/block_manager.py). A list works too, compared by value.
+    block_ids: tuple[int, ...] | list[int]
     # True when this chunk reaches the end of the known tokens, so a next token is sampled.
     sample: bool
     # For the first step of an n > 1 sibling: the request whose last logits row this one samples from.

@@ -117,6 +117,8 @@ class StructuredOutputManager:
         ]
 
     def accept(self, requests: Iterable[Request]) -> list[Failure]:
+        if not self._matchers:  # no constrained request: skip the per-request lookups
+            return []
         failures: list[Failure] = []
         for request in requests:
             tracked = self._matchers.get(request.request_id)

@@ -33,7 +33,7 @@ def test_allocate_append_across_boundary_and_free_tail_first():
     kv = KVBlockManager(num_blocks=8, block_size=4)
     req = make_request("a", list(range(10)))
     assert compute(kv, req, 10) == (0, 1, 2)
-    assert kv.block_ids("a") == [0, 1, 2]
+    assert kv.block_ids("a") == (0, 1, 2)
     assert (kv.num_used_blocks, kv.num_free_blocks) == (3, 5)
     req.append_output_token(50)  # token 11 fits block 2
     assert compute(kv, req, 1) == ()
@@ -53,7 +53,7 @@ def test_does_not_fit_returns_none_and_changes_nothing():
     kv = KVBlockManager(num_blocks=2, block_size=4)
     req = make_request("a", list(range(9)))
     assert kv.allocate_slots(req, 9) is None
-    assert kv.block_ids("a") == [] and kv.num_free_blocks == 2
+    assert kv.block_ids("a") == () and kv.num_free_blocks == 2
     kv.check_invariants()
 
 
@@ -66,7 +66,7 @@ def test_prefix_hit_shares_blocks_and_counts_tokens():
     cached = kv.get_computed_blocks(b)
     assert [blk.block_id for blk in cached.blocks] == [0, 1] and cached.num_tokens == 8
     assert compute(kv, b, 3, cached) == (3,)
-    assert kv.block_ids("b") == [0, 1, 3]
+    assert kv.block_ids("b") == (0, 1, 3)
     c = make_request("c", list(range(8)) + [70])  # hits blocks that are in use: shared by reference
     assert admit(kv, c) == (4,)
     assert refs(kv)[:5] == [2, 2, 0, 1, 1]
@@ -146,7 +146,7 @@ def test_fork_shares_full_blocks_and_copies_partial_block():
     assert compute(kv, parent, 10) == (0, 1, 2)
     fork = kv.fork(parent, child)
     assert fork is not None and fork.block_copies == ((2, 3),)
-    assert kv.block_ids("c") == [0, 1, 3]
+    assert kv.block_ids("c") == (0, 1, 3)
     assert refs(kv)[:4] == [2, 2, 1, 1]
     kv.check_invariants()
     kv.free(parent)
@@ -161,7 +161,7 @@ def test_fork_on_block_boundary_shares_everything():
     compute(kv, parent, 8)
     fork = kv.fork(parent, make_request("c", list(range(8))))
     assert fork is not None and fork.block_copies == ()
-    assert kv.block_ids("c") == [0, 1] and refs(kv) == [2, 2, 0, 0]
+    assert kv.block_ids("c") == (0, 1) and refs(kv) == [2, 2, 0, 0]
 
 
 def test_fork_without_free_block_returns_none():
@@ -169,7 +169,7 @@ def test_fork_without_free_block_returns_none():
     parent = make_request("p", list(range(10)))
     compute(kv, parent, 10)
     assert kv.fork(parent, make_request("c", list(range(10)))) is None
-    assert refs(kv) == [1, 1, 1] and kv.block_ids("c") == []
+    assert refs(kv) == [1, 1, 1] and kv.block_ids("c") == ()
     kv.check_invariants()
 
 

@@ -3,9 +3,20 @@ and fork bookkeeping it skips give the same results."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from engine.core.block_manager import KVBlockManager
+from engine.core.finish_rules import StopTriggers, check_stop
 from engine.core.fork_waitlist import ForkWaitlist
-from tests.helpers.engine_core_utils import make_group, make_request, make_requests, make_scheduler, run_step
+from tests.helpers.engine_core_utils import (
+    EOS,
+    make_group,
+    make_request,
+    make_requests,
+    make_scheduler,
+    run_step,
+)
 
 
 def test_has_room_is_whether_the_table_holds_the_tokens():
@@ -49,3 +60,42 @@ def test_decode_steps_call_the_allocator_only_when_a_block_fills(monkeypatch):
     assert calls == [3, 5, 9]
     assert tables == [1, 1, 2, 2, 2, 2, 3, 3, 3]
     assert req.num_output_tokens == 9
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt_len=st.integers(1, 12),
+    num_out=st.integers(1, 12),
+    max_tokens=st.one_of(st.none(), st.integers(1, 12)),
+    min_tokens=st.integers(0, 4),
+    stop_ids=st.lists(st.integers(0, 9), max_size=3),
+    ignore_eos=st.booleans(),
+    max_model_len=st.integers(2, 30),
+    token=st.integers(0, 9),
+)
+def test_stop_triggers_hold_whenever_check_stop_ends_a_request(
+    prompt_len, num_out, max_tokens, min_tokens, stop_ids, ignore_eos, max_model_len, token
+):
+    """update_from_output calls check_stop only when a trigger holds: it must never miss a finish."""
+    if max_tokens is not None:
+        min_tokens = min(min_tokens, max_tokens)
+    req = make_request(
+        "a", [1] * prompt_len, 8, output=[3] * (num_out - 1) + [token], min_tokens=min_tokens,
+        stop_token_ids=stop_ids, ignore_eos=ignore_eos,
+    )  # fmt: skip
+    req.params = req.params.model_copy(update={"max_tokens": max_tokens})  # None: as before resolution
+    eos = frozenset({EOS})
+    triggers = StopTriggers(req, eos, max_model_len)
+    if check_stop(req, token, eos, max_model_len) is not None:
+        assert token in triggers.token_ids or num_out >= triggers.num_outputs
+
+
+def test_a_stop_token_sampled_mid_run_finishes_through_the_triggers():
+    sched = make_scheduler()
+    req = make_request("a", [1, 2], 8, stop_token_ids=[9])
+    sched.add_request(req)
+    assert req.stop_triggers is not None and 9 in req.stop_triggers.token_ids
+    tokens = iter([5, 9, 5])
+    while sched.has_unfinished_requests():
+        run_step(sched, lambda s: next(tokens))
+    assert req.output_token_ids == [5, 9] and req.finish_reason == "stop"

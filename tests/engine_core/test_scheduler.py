@@ -34,7 +34,7 @@ def test_chunked_prefill_under_tiny_budget():
         (seq,) = out.sequences
         chunks.append((seq.start_pos, seq.num_new_tokens, seq.sample))
     assert chunks == [(0, 4, False), (4, 4, False), (8, 2, True)]
-    assert seq.token_ids == r.prompt_token_ids[8:] and seq.block_ids == [0, 1, 2]
+    assert seq.token_ids == r.prompt_token_ids[8:] and seq.block_ids == (0, 1, 2)
     assert r.output_token_ids == [TOKEN] and updated == [r]
 
 
@@ -95,7 +95,7 @@ def test_preemption_fcfs_takes_latest_admitted():
     assert r1.output_token_ids == [TOKEN] * 5 and r1.num_preemptions == 1
     assert sched.waiting.peek() is r1 and sched.stats().num_preemptions == 1
     # r1 freed [1, 3] tail first, so r0 takes 3 (the end of r1's context) and block 1 stays cached.
-    assert sched.kv.block_ids("r0") == [0, 2, 3]
+    assert sched.kv.block_ids("r0") == (0, 2, 3)
 
 
 def test_preempted_request_goes_to_front_and_is_recomputed():

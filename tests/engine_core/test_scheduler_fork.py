@@ -26,7 +26,7 @@ def test_fork_with_partial_last_block():
         ("g-1", 0, 10, "g-0"),
         ("g-2", 0, 10, "g-0"),
     ]
-    assert [s.block_ids for s in out.sequences] == [[0, 1, 2], [0, 1, 3], [0, 1, 4]]
+    assert [s.block_ids for s in out.sequences] == [(0, 1, 2), (0, 1, 3), (0, 1, 4)]
     assert out.block_copies == [(2, 3), (2, 4)] and out.num_batched_tokens == 10
     assert refs(sched)[:5] == [3, 3, 1, 1, 1]
     assert updated == [parent, s1, s2]
@@ -41,9 +41,9 @@ def test_fork_on_block_boundary_needs_no_copy():
     sched = make_scheduler(num_blocks=8)
     add_all(sched, make_group("g", list(range(8)), 2))
     out, _ = run_step(sched)
-    assert out.block_copies == [] and [s.block_ids for s in out.sequences] == [[0, 1], [0, 1]]
+    assert out.block_copies == [] and [s.block_ids for s in out.sequences] == [(0, 1), (0, 1)]
     out, _ = run_step(sched)  # each decode now takes its own block
-    assert [s.block_ids for s in out.sequences] == [[0, 1, 2], [0, 1, 3]]
+    assert [s.block_ids for s in out.sequences] == [(0, 1, 2), (0, 1, 3)]
 
 
 def test_fork_after_chunked_prefill():

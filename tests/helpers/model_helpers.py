@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,7 @@ VARIANTS = {
 }
 
 
-def metadata(chunks: list[tuple[int, int, list[int]]], block_size: int) -> AttentionMetadata:
+def metadata(chunks: list[tuple[int, int, Sequence[int]]], block_size: int) -> AttentionMetadata:
     """chunks: (start_pos, num_new_tokens, block_ids) per sequence -> metadata for one step."""
     slots, qsl, lens = [], [0], []
     for start, n, blocks in chunks:
@@ -38,7 +39,7 @@ def metadata(chunks: list[tuple[int, int, list[int]]], block_size: int) -> Atten
         qsl.append(qsl[-1] + n)
         lens.append(start + n)
     width = max(len(c[2]) for c in chunks)
-    tables = [c[2] + [0] * (width - len(c[2])) for c in chunks]
+    tables = [list(c[2]) + [0] * (width - len(c[2])) for c in chunks]
     qlens = tuple(c[1] for c in chunks)
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64),

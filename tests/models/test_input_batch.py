@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-from engine.core.scheduler_output import ScheduledSequence
+from engine.core.scheduler_output import RunnerOutput, ScheduledSequence
 from engine.cuda_graphs import batch_buckets, bucket_for
 from engine.input_batch import BlockTables, InputBatch
+from tests.helpers.engine_core_utils import make_requests, make_scheduler
 from tests.helpers.model_helpers import metadata
 
 BS = 4
@@ -139,10 +140,79 @@ def test_an_id_reused_by_another_request_gets_its_new_table():
 
 
 def test_block_tables_answer_an_unchanged_table_without_rewriting_and_forget_an_emptied_one():
-    tables, owner = BlockTables(rows=4, width=4), object()
-    row = tables.row_for("a", [5, 6], owner)
+    tables = BlockTables(rows=4, width=4)
+    row = tables.row_for("a", [5, 6])
     tables.table[row, 0] = 99  # would be rewritten by a full update, not by the unchanged-table path
-    assert tables.row_for("a", [5, 6], owner) == row and tables.table[row, :2].tolist() == [99, 6]
-    tables.row_for("a", [], owner)  # emptied (all blocks given back): the row is cleared
+    assert tables.row_for("a", [5, 6]) == row and tables.table[row, :2].tolist() == [99, 6]
+    tables.row_for("a", [])  # emptied (all blocks given back): the row is cleared
     assert tables.table[row].tolist() == [0, 0, 0, 0]
-    assert tables.row_for("a", [5, 6], owner) == row and tables.table[row, :2].tolist() == [5, 6]
+    assert tables.row_for("a", [5, 6]) == row and tables.table[row, :2].tolist() == [5, 6]
+
+
+def test_block_tables_trust_the_tuple_they_wrote_and_write_only_appended_blocks():
+    """The block manager's tuples: the same object again is not read at all; a longer tuple that starts
+    with the ids written gets only its new blocks written; other ids rewrite the row."""
+    tables = BlockTables(rows=4, width=8)
+    ids = (5, 6)
+    row = tables.row_for("a", ids)
+    tables.table[row, 0] = 99  # a marker: any rewrite of the row's first entry would erase it
+    assert tables.row_for("a", ids) == row and tables.table[row, :2].tolist() == [99, 6]
+    grown = ids + (7,)  # a block appended: a new tuple
+    tables.row_for("a", grown)
+    assert tables.table[row, :4].tolist() == [99, 6, 7, 0]
+    tables.table[row, 0] = 5
+    tables.row_for("a", (8, 6, 7, 9))  # same length as before plus one, but another first block
+    assert tables.table[row, :5].tolist() == [8, 6, 7, 9, 0]
+    tables.row_for("a", (3,))  # shorter: rewritten, the tail cleared
+    assert tables.table[row].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_a_block_appended_mid_run_reaches_the_runner():
+    """A decode crossing a block boundary: the scheduler's new tuple must land in the runner's table."""
+    sched = make_scheduler(block_size=BS, enable_prefix_caching=False)
+    (req,) = make_requests(1, 3, 9)
+    sched.add_request(req)
+    batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
+    seen = []
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        step = batch.prepare(out.sequences, alive=sched.requests)
+        _check_same(step, out.sequences)
+        seen.append(out.sequences[0].block_ids)
+        sched.update_from_output(out, RunnerOutput({req.request_id: 7}))
+    assert [len(t) for t in seen] == [1, 1, 2, 2, 2, 2, 3, 3, 3]
+    assert seen[0] is seen[1] and seen[1] is not seen[2]  # one object per table content
+
+
+def test_a_step_leaves_nothing_of_the_previous_one_in_the_buffers():
+    """The step is written over the last one in place: entries past each table, and padding rows, must
+    be cleared, whatever the previous step left there."""
+    batch = InputBatch(BS, torch.device("cpu"), max_tokens=16, max_seqs=4, max_blocks=6)
+    wide = [
+        ScheduledSequence(r, [1] * 4, 16, tuple(range(10 * k + 1, 10 * k + 6)), True)
+        for k, r in enumerate("abcd")
+    ]
+    batch.prepare(wide, full_width=True)
+    narrow = [ScheduledSequence("e", [2], 1, (9,), True), ScheduledSequence("f", [3], 5, (7, 8), True)]
+    step = batch.prepare(narrow, alive={"e", "f"}, pad_to=4, full_width=True)
+    assert step.meta.block_tables.tolist() == [[9, 0, 0, 0, 0, 0], [7, 8, 0, 0, 0, 0]] + [[0] * 6] * 2
+    assert step.meta.slot_mapping.tolist() == [9 * BS + 1, 8 * BS + 1, -1, -1]
+    assert step.input_ids.tolist() == [2, 3, 0, 0] and step.positions.tolist() == [1, 5, 0, 0]
+
+
+def test_random_decode_only_steps_match_the_per_token_layout():
+    """Decode-only steps take their own path (no per-token index arithmetic): same layout."""
+    rng = random.Random(1)
+    batch = InputBatch(BS, torch.device("cpu"), max_tokens=8, max_seqs=4, max_blocks=4)
+    for _ in range(20):
+        seqs = []
+        for k in range(rng.randint(1, 12)):
+            start = rng.randint(0, 40)
+            blocks = tuple(rng.sample(range(1, 500), start // BS + 1))
+            seqs.append(ScheduledSequence(f"r{k}", [rng.randint(0, 99)], start, blocks, rng.random() < 0.9))
+        step = batch.prepare(seqs)
+        _check_same(step, seqs)
+        expected = [i for i, s in enumerate(seqs) if s.sample]
+        assert step.sample_rows.tolist() == expected and step.sample_ids == [
+            seqs[i].request_id for i in expected
+        ]

@@ -1,0 +1,133 @@
+"""The detokenizer's table of context-free token texts: same text as DecodeStream, without calling it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from engine.detokenizer import IncrementalDetokenizer, TextStream
+from engine.token_pieces import context_free_texts
+
+# Ids of the conftest tokenizer: 0-1 special, 2-257 single bytes (128 of them half a character), the rest
+# merges (some of them partial characters too).
+token_id = st.one_of(st.integers(2, 257), st.integers(258, 599), st.integers(0, 1))
+token_lists = st.lists(token_id, max_size=40)
+
+
+def _split_e_acute(tokenizer) -> list[int]:
+    """ "é" as its two UTF-8 bytes, one token each (byte-level stand-ins for 0xC3 and 0xA9)."""
+    return tokenizer.convert_tokens_to_ids(["Ã", "©"])
+
+
+class _CountingStream:
+    """Stands in for the detokenizer's DecodeStream, counting the tokens that reach it."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.calls = stream, 0
+
+    def step(self, tokenizer, token_id):
+        self.calls += 1
+        return self.stream.step(tokenizer, token_id)
+
+
+def test_table_holds_complete_characters_only(tokenizer):
+    texts = context_free_texts(tokenizer)
+    assert texts is not None and len(texts) == len(tokenizer)
+    assert texts[tokenizer.eos_token_id] == ""  # special tokens are skipped, as by decode
+    (a,) = tokenizer.encode("a")
+    assert texts[a] == "a"
+    high_bytes = [i for i in range(len(texts)) if texts[i] is None]
+    assert high_bytes  # é's two bytes, 中's three, ... as single-byte tokens
+    assert all("\ufffd" in tokenizer.decode([i]) for i in high_bytes)
+
+
+def test_no_table_for_decoders_that_look_at_neighbours(tokenizer):
+    """SentencePiece's Metaspace drops the leading space of the first token only: context-dependent."""
+    vocab = {"<unk>": 0, "▁Hello": 1, "▁world": 2}
+    sp = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    sp.pre_tokenizer = pre_tokenizers.Metaspace()
+    sp.decoder = decoders.Metaspace()
+    assert sp.decode([1]) == "Hello" and sp.decode([1, 2]) == "Hello world"  # " world" after a token
+    assert context_free_texts(sp) is None
+    assert context_free_texts(PreTrainedTokenizerFast(tokenizer_object=sp)) is None
+    cleaning = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, clean_up_tokenization_spaces=True
+    )
+    assert context_free_texts(cleaning) is None  # " ." -> "." clean-up looks at neighbours too
+
+
+def test_ascii_tokens_never_reach_decode_stream_and_split_characters_do(tokenizer):
+    texts = context_free_texts(tokenizer)
+    detok = IncrementalDetokenizer(tokenizer, [], texts=texts)
+    counting = detok._stream = _CountingStream(detok._stream)
+    ascii_ids = tokenizer.encode("Hello world, the quick brown fox")
+    assert "".join(detok.add([t]) for t in ascii_ids) == "Hello world, the quick brown fox"
+    assert counting.calls == 0
+    split = _split_e_acute(tokenizer)  # two byte tokens, each half of the character
+    assert tokenizer.decode(split) == "é" and all(texts[t] is None for t in split)
+    deltas = [detok.add([t]) for t in split + tokenizer.encode("!")]
+    assert deltas == ["", "é", "!"]  # held, released by DecodeStream, then the table again
+    assert counting.calls == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=token_lists, ids=token_lists)
+def test_table_and_decode_stream_give_the_same_deltas(tokenizer, prompt, ids):
+    texts = context_free_texts(tokenizer)
+    fast = IncrementalDetokenizer(tokenizer, prompt, texts=texts)
+    plain = IncrementalDetokenizer(tokenizer, prompt)
+    assert [fast.add([t]) for t in ids] == [plain.add([t]) for t in ids]
+    assert fast.finish() == plain.finish()
+    assert fast.text == plain.text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(prompt=token_lists, ids=token_lists, cut=st.integers(0, 40))
+def test_resume_with_the_table_continues_exactly(tokenizer, prompt, ids, cut):
+    """Prior tokens replayed in one call (several tokens: the table inside _add_streamed) leave the
+    detokenizer where one-by-one appends left it."""
+    texts = context_free_texts(tokenizer)
+    cut = min(cut, len(ids))
+    original = IncrementalDetokenizer(tokenizer, prompt, texts=texts)
+    for t in ids[:cut]:
+        original.add([t])
+    resumed = IncrementalDetokenizer(tokenizer, prompt, prior_output_ids=ids[:cut], texts=texts)
+    assert resumed.text == original.text
+    assert [resumed.add([t]) for t in ids[cut:]] == [original.add([t]) for t in ids[cut:]]
+    assert resumed.finish() == original.finish()
+
+
+def test_stop_string_across_table_and_decode_stream_tokens(tokenizer):
+    """ "é!" spans a character split over two byte tokens (DecodeStream) and "!" (the table)."""
+    texts = context_free_texts(tokenizer)
+    ids = tokenizer.encode("ab ") + _split_e_acute(tokenizer) + tokenizer.encode("! cd")
+    assert tokenizer.decode(ids) == "ab é! cd"
+    streams = [TextStream(tokenizer, [], ["é!"], texts=texts), TextStream(tokenizer, [], ["é!"])]
+    results = []
+    for stream in streams:
+        deltas, stopped = [], False
+        for t in ids:
+            delta, stopped = stream.append([t])
+            deltas.append(delta)
+            if stopped:
+                break
+        results.append((deltas, stopped, stream.text))
+    assert results[0] == results[1]
+    deltas, stopped, text = results[0]
+    assert stopped and text == "ab " and "".join(deltas) == "ab "
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ids=st.lists(st.one_of(st.integers(2, 257), st.integers(258, 599)), max_size=30),
+    stop=st.lists(st.sampled_from(["é", "中文", "😀", "ab", "the", "e t", "o w", "\ufffd"]), max_size=2),
+)
+def test_text_stream_with_the_table_matches_without(tokenizer, ids, stop):
+    texts = context_free_texts(tokenizer)
+    fast, plain = TextStream(tokenizer, [], stop, texts=texts), TextStream(tokenizer, [], stop)
+    for t in ids:
+        assert fast.append([t]) == plain.append([t])
+    assert fast.finish() == plain.finish()
+    assert (fast.text, fast.stopped) == (plain.text, plain.stopped)
