@@ -425,6 +425,7 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
+    gc.unfreeze()  # frozen objects are never finalised: nanobind (triton) reports them as leaks at exit
 
 
 if __name__ == "__main__":
