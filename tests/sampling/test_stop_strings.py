@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from engine.core.stop_strings import StopStrings
 from engine.detokenizer import TextStream
+from tests.helpers.text_streams import append_one_by_one
 
 
 def _feed_all(stop: list[str], deltas: list[str]) -> tuple[list[str], bool]:
@@ -76,12 +77,7 @@ def test_deltas_concatenate_to_the_final_text(stop, deltas):
 )
 def test_text_stream_matches_decode_then_cut(tokenizer, ids, stop, cut):
     stream = TextStream(tokenizer, [], stop)
-    deltas, stopped = [], False
-    for t in ids:
-        delta, stopped = stream.append([t])
-        deltas.append(delta)
-        if stopped:
-            break
+    deltas, stopped = append_one_by_one(stream, ids)
     num_appends = len(deltas)
     if not stopped:
         deltas.append(stream.finish())  # may still stop, e.g. on a held-back "\ufffd"

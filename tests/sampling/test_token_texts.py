@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.detokenizer import IncrementalDetokenizer, TextStream
 from engine.token_pieces import context_free_texts
+from tests.helpers.text_streams import append_one_by_one
 
 # Ids of the conftest tokenizer: 0-1 special, 2-257 single bytes (128 of them half a character), the rest
 # merges (some of them partial characters too).
@@ -107,12 +108,7 @@ def test_stop_string_across_table_and_decode_stream_tokens(tokenizer):
     streams = [TextStream(tokenizer, [], ["é!"], texts=texts), TextStream(tokenizer, [], ["é!"])]
     results = []
     for stream in streams:
-        deltas, stopped = [], False
-        for t in ids:
-            delta, stopped = stream.append([t])
-            deltas.append(delta)
-            if stopped:
-                break
+        deltas, stopped = append_one_by_one(stream, ids)
         results.append((deltas, stopped, stream.text))
     assert results[0] == results[1]
     deltas, stopped, text = results[0]
