@@ -108,6 +108,7 @@ def gathered_kv(s: _Seq, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[
     kv_heads, d = k_cache.shape[2], k_cache.shape[3]
     size, stride = (1, kv_heads, s.seq_len - s.lo, d), (kv_heads * d, d, kv_heads * d, 1)
     at = s.skip * kv_heads * d
+    assert s.blocks is not None, "a sequence with cached context has its blocks planned"
     k, v = k_cache.index_select(0, s.blocks), v_cache.index_select(0, s.blocks)  # contiguous
     return k.as_strided(size, stride, at), v.as_strided(size, stride, at)
 

@@ -61,8 +61,8 @@ class SeenPenalty:
         grown = max(GROW_EXTRA, (wide - k) * 3 // 2)
         self.extra = grown if len(missed) else (wide - k) * 15 // 16
         if len(missed):
-            values, ids = topk_rows(self._penalised_copy(x, rows, missed), k)
-            top_values[missed], top_ids[missed] = values, ids
+            exact_values, exact_ids = topk_rows(self._penalised_copy(x, rows, missed), k)  # [M, k] each
+            top_values[missed], top_ids[missed] = exact_values, exact_ids
         return top_values, top_ids
 
     def _penalised_copy(self, x: torch.Tensor, rows: np.ndarray, which: np.ndarray) -> torch.Tensor:

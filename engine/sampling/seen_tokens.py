@@ -100,16 +100,20 @@ class SeenTokens:
         """A new batch: keep the entries of requests still here, make entries for new ones, free the rest."""
         for entry, consumed in zip(self._entries, self._consumed.tolist(), strict=True):
             entry.consumed = consumed  # the array is the truth between remaps
-        old, by_id = self._by_id, {}
-        entries, fresh = [], []
+        old: dict[str, _Seen] = self._by_id
+        by_id: dict[str, _Seen] = {}
+        entries: list[_Seen] = []
+        fresh: list[int] = []
         for row, r in enumerate(requests):
-            entry = old.pop(r.request_id, None)
-            if entry is not None and entry.request is not r:
-                self._release(entry)
-                entry = None
-            if entry is None:
+            kept = old.pop(r.request_id, None)
+            if kept is not None and kept.request is not r:
+                self._release(kept)
+                kept = None
+            if kept is None:
                 entry = _Seen(r, self._take_slot())
                 fresh.append(row)
+            else:
+                entry = kept
             by_id[r.request_id] = entry
             entries.append(entry)
         for entry in old.values():
