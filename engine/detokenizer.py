@@ -39,7 +39,8 @@ from tokenizers.decoders import DecodeStream
 
 from engine.core.stop_strings import StopStrings
 
-_REPLACEMENT = "\ufffd"
+# What a decoder writes for bytes that are not (yet) a whole UTF-8 character.
+REPLACEMENT = "\ufffd"
 _PROMPT_CONTEXT = 5
 
 
@@ -70,7 +71,7 @@ class IncrementalDetokenizer:
         self._texts: Sequence[str | None] = texts if texts is not None else ()
         self.skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
-        if self._decode(context).endswith(_REPLACEMENT):
+        if self._decode(context).endswith(REPLACEMENT):
             # The prompt ends mid-character: its bytes would merge with the output's. Start clean instead.
             context = []
         self._ids: list[int] = context
@@ -108,7 +109,7 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         for end in range(len(self._ids), self._read_offset, -1):
             window = self._decode(self._ids[self._prefix_offset : end])
-            if not window.endswith(_REPLACEMENT):
+            if not window.endswith(REPLACEMENT):
                 return self._emit(window[len(prefix_text) :], end)
         return ""
 

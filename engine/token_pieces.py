@@ -15,7 +15,7 @@ from functools import lru_cache
 from tokenizers import Tokenizer, decoders
 from transformers import PreTrainedTokenizerBase
 
-_REPLACEMENT = "\ufffd"
+from engine.detokenizer import REPLACEMENT
 
 
 class TokenPieces:
@@ -54,4 +54,4 @@ def context_free_texts(tokenizer: object, skip_special_tokens: bool = True) -> l
         return None
     size = backend.get_vocab_size(with_added_tokens=True)
     texts = backend.decode_batch([[i] for i in range(size)], skip_special_tokens=skip_special_tokens)
-    return [None if _REPLACEMENT in text else text for text in texts]
+    return [None if REPLACEMENT in text else text for text in texts]

@@ -53,10 +53,11 @@ class BatchParams:
         min_tokens = np.array([p.min_tokens for p in params], dtype=np.int64)
         dense = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
         logprobs = any(p.logprobs is not None for p in params)
+        greedy = temperature == 0.0
         return cls(
             requests=list(requests),
             temperature=temperature,
-            greedy=temperature == 0.0,
+            greedy=greedy,
             top_k=np.array(top_k, dtype=np.int64),
             top_p=np.array([p.top_p for p in params], dtype=np.float32),
             min_p=np.array([p.min_p for p in params], dtype=np.float32),
@@ -69,7 +70,7 @@ class BatchParams:
             rep_rows=np.flatnonzero(repetition != 1.0).tolist(),
             dense=dense,
             logprobs=logprobs,
-            plain_greedy=bool(temperature.size == 0 or (temperature == 0.0).all())
+            plain_greedy=bool(greedy.all())  # True for no rows, as before
             and not dense
             and not logprobs
             and bool((repetition == 1.0).all()),

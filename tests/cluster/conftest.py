@@ -52,3 +52,15 @@ def sharded_worker(engine, url: str, consumer: str, **overrides):
     )
     with on_a_thread(ShardedWorker(engine, connect_cluster(url), cfg)) as worker:
         yield worker
+
+
+def assert_each_done_once(client, placed: dict[str, int], engine, num_tokens: int) -> None:
+    """Every job of `placed` (id "<letter><i>" -> shard, submitted with prompt f"q{i}" and seed i) streamed
+    tokens 0..num_tokens-1 without gap or repeat and exactly one "done", last, with the engine's text."""
+    for job_id, shard in placed.items():
+        events = client.collect(job_id, shard, timeout_s=60)
+        i = int(job_id[1:])
+        tokens = [e for e in events if e["type"] == "token"]
+        assert [e["index"] for e in tokens] == list(range(num_tokens)), (job_id, events[-1])
+        assert [e["type"] for e in events].count("done") == 1 and events[-1]["type"] == "done"
+        assert events[-1]["text"] == engine.expected_text(f"q{i}", num_tokens, seed=i)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import SHARDS, sharded_worker
+from tests.cluster.conftest import SHARDS, assert_each_done_once, sharded_worker
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_fakes import FakeEngine
 
@@ -37,13 +37,7 @@ def test_jobs_confirmed_by_wait_survive_a_master_failover(cluster, client):
         killed_at = time.monotonic()
         cluster.kill(victim)
         assert cluster.wait_promoted(first.requests) is not victim  # a replica was promoted
-        for job_id, shard in placed.items():
-            events = client.collect(job_id, shard, timeout_s=60)
-            i = int(job_id[1:])
-            tokens = [e for e in events if e["type"] == "token"]
-            assert [e["index"] for e in tokens] == list(range(30)), (job_id, events[-1])  # no gap, no repeat
-            assert [e["type"] for e in events].count("done") == 1 and events[-1]["type"] == "done"
-            assert events[-1]["text"] == engines[0].expected_text(f"q{i}", 30, seed=i)
+        assert_each_done_once(client, placed, engines[0], 30)
         assert time.monotonic() - killed_at < 60
     for k in range(SHARDS):
         keys = client.sharded.shard(k)

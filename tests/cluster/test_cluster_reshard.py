@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.conftest import SHARDS, sharded_worker
+from tests.cluster.conftest import SHARDS, assert_each_done_once, sharded_worker
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_fakes import FakeEngine
 
@@ -35,13 +35,7 @@ def test_a_slot_moved_mid_run_every_job_finishes_once(cluster, client):
         )
         cluster.move_slot(keys.requests, target)
         assert cluster.master_of(keys.requests) is target
-        for job_id, shard in placed.items():
-            events = client.collect(job_id, shard, timeout_s=60)
-            i = int(job_id[1:])
-            tokens = [e for e in events if e["type"] == "token"]
-            assert [e["index"] for e in tokens] == list(range(25)), (job_id, events[-1])  # no gap, no repeat
-            assert [e["type"] for e in events].count("done") == 1 and events[-1]["type"] == "done"
-            assert events[-1]["text"] == engine.expected_text(f"q{i}", 25, seed=i)
+        assert_each_done_once(client, placed, engine, 25)
     for k in range(SHARDS):
         group = client.node(k).xinfo_groups(client.sharded.shard(k).requests)[0]
         assert group["pending"] == 0 and group["lag"] == 0, (k, group)
