@@ -133,7 +133,7 @@ if missing:
              "registry and carry .whl")
 EOF
 if ((DRY_RUN)); then
-    SITE="$WORK/site-cp312"
+    SITE="$WORK.site-cp312"  # beside the work folder: not packed into $OUT
     step install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \
         --target "$SITE" .whl/*.whl || finish
