@@ -197,7 +197,7 @@ class LLMEngine:
                 prompt_ids,
                 params.stop,
                 prior_output_ids=request.output_token_ids,
-                texts=self._pieces.texts,
+                profile=self._pieces.profile,
             )
             self._next_index[request.request_id] = request.num_output_tokens
         for request in requests:
