@@ -54,12 +54,11 @@ def decoder_profile(tokenizer: object, skip_special_tokens: bool = True) -> Deco
     spec = json.loads(backend.to_str())
     decoder = spec.get("decoder") or {}
     kind = decoder.get("type")
-    steps = [d.get("type") for d in decoder.get("decoders", [])] if kind == "Sequence" else [kind]
+    parts = decoder.get("decoders", []) if kind == "Sequence" else [decoder]
+    steps = [d.get("type") for d in parts]
     if kind == "ByteLevel":
         byte_level = True
-    elif (
-        steps and set(steps) <= _LOCAL_STEPS and all(_strips_start_only(d) for d in decoder["decoders"])
-    ):
+    elif steps and set(steps) <= _LOCAL_STEPS and all(map(_strips_start_only, parts)):
         byte_level = False
     else:
         return None  # WordPiece, CTC, a Strip of trailing text...: decoded without a profile
