@@ -325,6 +325,8 @@ class Worker:
         if plan.has_tokens:
             into.sampled_at = sampled_at
         for job in plan.done:
+            if job.error:
+                log.warning("job failed", request_id=job.job_id, code=job.error_code, reason=job.error)
             del self.inflight[job.job_id]
             self.observer.finished(job, now_ms)
         self.publisher.add(into, plan.batch)

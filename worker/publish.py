@@ -146,7 +146,8 @@ def plan_events(
                 delta.finish_reason, delta.text or "", delta.num_output_tokens
             )
             job.prompt_tokens = max(job.prompt_tokens, delta.num_prompt_tokens)
-            job.error = job.error or delta.error
+            if delta.error and not job.error:
+                job.error, job.error_code = delta.error, delta.error_code
         if job.dropped:
             if len(job.finished) == job.n:
                 plan.forget.append(job.job_id)
@@ -162,8 +163,13 @@ def plan_events(
     plan.has_tokens = bool(by_job)
     for job in plan.done:
         # The ack rides in the same script call, only if the terminal event was written (see WRITE).
-        # A sample whose grammar failed after admission ends the job with an error event, not done.
-        last = error_event("invalid_params", job.error) if job.error else done_event(job, now_ms)
+        # A sample whose grammar failed after admission, or whose handling raised, ends the job with an
+        # error event, not done.
+        last = (
+            error_event(job.error_code or "invalid_params", job.error)
+            if job.error
+            else done_event(job, now_ms)
+        )
         plan.batch.add(job, [*by_job.pop(job.job_id, ()), last], terminal=True)
     for job_id, payloads in by_job.items():
         plan.batch.add(inflight[job_id], payloads)
