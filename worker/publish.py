@@ -10,7 +10,7 @@ or the worker; `Publisher` puts a plan's batch into a round and handles the repl
 
 All of a step's events go out as one script call (`WRITE`), which per job XADDs the events and only while
 they succeed PUBLISHes them, refreshes the TTL and, after a terminal event, acknowledges the request
-entry and deletes the job's owner, attempts and cancel keys. A worker whose lease lapsed and whose
+entry and deletes the job's owner, attempts (both fields, see keys.alone_field) and cancel keys. A worker whose lease lapsed and whose
 successor wrote first therefore changes nothing: the entry stays pending for the successor (or for
 whoever reclaims it if the successor dies too), and live subscribers see no second history. In a plain
 MULTI the XACK would run even though the XADD before it failed (MULTI does not roll back).
@@ -64,7 +64,7 @@ for j = 0, (#KEYS - 2) / 3 - 1 do
     if entry ~= '' then
       redis.pcall('XACK', requests, group, entry)
       redis.call('DEL', owner, cancel)
-      redis.pcall('HDEL', attempts, job)
+      redis.pcall('HDEL', attempts, job, job .. '/alone')
     end
   end
   results[j + 1] = result

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.worker_fakes import FakeEngine, blocked_clients, running_worker, wait_until
 from worker.client import collect, enqueue
-from worker.keys import Keys
+from worker.keys import Keys, alone_field
 from worker.protocol import parse_event
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -156,14 +156,28 @@ def test_resume_continues_a_half_written_stream(redis_server, r):
 
 
 def test_too_many_attempts_goes_to_dead_letter(redis_server, r):
+    """3 attempts used, one of them alone (worker/isolation.py): the job is charged, dead-lettered."""
     r.xgroup_create(K.requests, "test", id="0", mkstream=True)
     enqueue(r, {"id": "crashy", "prompt": "x"})
     r.xreadgroup("test", "dead-worker", {K.requests: ">"})
-    r.hset(K.attempts, "crashy", 3)
+    r.hset(K.attempts, mapping={"crashy": 3, alone_field("crashy"): 1})
     with running_worker(FakeEngine(), redis_server.url, lease_ms=300, max_attempts=3):
         events = collect(r, "crashy", timeout_s=10)
     assert events[-1]["code"] == "too_many_attempts"
     assert r.xrange(K.dead)[0][1][b"code"] == b"too_many_attempts"
+    assert r.hlen(K.attempts) == 0
+
+
+def test_attempts_used_only_in_shared_batches_buy_one_run_alone(redis_server, r):
+    """3 attempts used, none alone (crashes of batches it shared): it runs once more, alone, and finishes."""
+    r.xgroup_create(K.requests, "test", id="0", mkstream=True)
+    enqueue(r, {"id": "bystander", "prompt": "x", "max_tokens": 3})
+    r.xreadgroup("test", "dead-worker", {K.requests: ">"})
+    r.hset(K.attempts, "bystander", 3)
+    with running_worker(FakeEngine(), redis_server.url, lease_ms=300, max_attempts=3):
+        events = collect(r, "bystander", timeout_s=10)
+    assert events[-1]["type"] == "done"
+    assert r.hlen(K.attempts) == 0 and not r.xrange(K.dead)
 
 
 def test_restart_under_same_name_finishes_own_pending(redis_server, r):
