@@ -26,6 +26,7 @@ import structlog
 
 from engine.client import EngineClient
 from engine.outputs import StepDelta
+from worker import fault_injection
 from worker.aborts import Aborter
 from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
@@ -169,6 +170,8 @@ class Worker:
 
     def step_engine(self, step: Step) -> Stepped:
         deltas = self.engine.step() if step.busy else []
+        if fault_injection.KILL_JOB is not None:  # tests only (worker/fault_injection.py)
+            fault_injection.kill_if_armed(deltas)
         return Stepped(deltas, time.perf_counter(), time.time())
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
