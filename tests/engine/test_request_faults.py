@@ -108,3 +108,29 @@ def test_korean_and_emoji_sampled_jobs_finish_with_the_continuation(sp_llm):
     for out in outs:
         assert out.finish_reason == "length"
         assert out.text == _expected(sp_llm, prompt_ids, out.token_ids)
+
+
+def test_a_grammar_matcher_that_raises_ends_its_request_alone(llm, monkeypatch):
+    from engine.structured import manager
+
+    accept = manager._accept
+
+    def raising(tracked, output_token_ids):
+        if len(output_token_ids) >= 2:
+            raise RuntimeError("injected matcher fault")
+        return accept(tracked, output_token_ids)
+
+    monkeypatch.setattr(manager, "_accept", raising)
+    llm.add_request(
+        "json", "Hello", SamplingParams(max_tokens=8, temperature=0, response_format={"type": "json_object"})
+    )
+    llm.add_request("plain", "Hello", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    seen = _drain(llm)
+    end = seen[("json", 0)][-1]
+    assert (
+        end.finish_reason == "abort"
+        and end.error_code == "internal_error"
+        and "injected matcher fault" in end.error
+    )
+    assert seen[("plain", 0)][-1].finish_reason == "length"
+    assert llm.stats().num_kv_blocks_used == 0

@@ -83,3 +83,25 @@ def test_korean_and_emoji_sampled_jobs_all_finish(redis_server, r, tiny_model_di
         done = events[job_id][-1]
         assert done["type"] == "done", done
         assert "".join(e["text"] for e in events[job_id][:-1]) == done["text"]
+
+
+def test_a_prompt_that_fails_to_render_ends_alone_with_internal_error(
+    redis_server, r, tiny_model, monkeypatch
+):
+    """Rendering (templating, tokenizing) raising something no template error explains: internal_error."""
+    engine = real_engine(tiny_model)
+    encode = engine._encode
+
+    def failing(prompt):
+        if prompt == "render me badly":
+            raise RuntimeError("injected rendering fault")
+        return encode(prompt)
+
+    monkeypatch.setattr(engine, "_encode", failing)
+    with running_worker(engine, redis_server.url):
+        enqueue(r, {"id": "render", "prompt": "render me badly", "max_tokens": 4})
+        enqueue(r, {"id": "fine", "prompt": "render me well", "max_tokens": 4})
+        bad, fine = collect(r, "render", timeout_s=60), collect(r, "fine", timeout_s=60)
+    assert bad[-1]["type"] == "error" and bad[-1]["code"] == "internal_error"
+    assert "injected rendering fault" in bad[-1]["message"]
+    assert fine[-1]["type"] == "done"
