@@ -215,3 +215,20 @@ def test_reads_only_what_fits(redis_server, r):
         assert max(engine.batch_sizes) <= 2
         for k in range(6):
             assert collect(r, f"f{k}", timeout_s=20)[-1]["type"] == "done"
+
+
+def test_a_warm_stop_gives_back_the_attempt_it_leaves_unfinished(redis_server, r):
+    """Drained unfinished: its attempt is refunded, so the next worker runs it in a batch, not alone."""
+    r.xgroup_create(K.requests, "test", id="0", mkstream=True)
+    enqueue(r, {"id": "long", "prompt": "x", "max_tokens": 400})
+    with running_worker(FakeEngine(step_s=0.01), redis_server.url, drain_timeout_s=0.2):
+        wait_until(lambda: r.xlen(K.out("long")) >= 3, 10, "tokens of the long job")
+        assert r.hget(K.attempts, "long") == b"1"
+    assert r.hget(K.attempts, "long") == b"0" and not r.hexists(K.attempts, alone_field("long"))
+    assert r.xpending(K.requests, "test")["pending"] == 1  # left for the next worker
+    engine = FakeEngine()
+    with running_worker(engine, redis_server.url) as worker:
+        enqueue(r, {"id": "other", "prompt": "y", "max_tokens": 50})
+        events = collect(r, "long", timeout_s=20)
+        assert worker.isolation.alone is None
+    assert events[-1]["type"] == "done"
