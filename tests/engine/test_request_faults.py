@@ -134,3 +134,23 @@ def test_a_grammar_matcher_that_raises_ends_its_request_alone(llm, monkeypatch):
     )
     assert seen[("plain", 0)][-1].finish_reason == "length"
     assert llm.stats().num_kv_blocks_used == 0
+
+
+def test_first_word_keeps_its_space_in_the_final_text(sp_llm):
+    """Issue 20's row: a completion whose first token starts a word, after a prompt ending in special
+    tokens (as a chat template's does), lost that space in the final text. Forced here by resuming with
+    that token as the prior output; the final text and the deltas follow decode(prompt + output) -
+    decode(prompt)."""
+    tok = sp_llm.tokenizer
+    word = tok.convert_tokens_to_ids("▁맛있습니다")
+    prompt = tok.encode("김치는", add_special_tokens=False) + [tok.eos_token_id] * 6
+    sp_llm.add_request(
+        "space",
+        prompt,
+        SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+        prior_output_token_ids=[[word]],
+    )
+    deltas = _drain(sp_llm)[("space", 0)]
+    out = [word] + [t for d in deltas for t in d.new_token_ids]
+    assert deltas[-1].text.startswith(" 맛있습니다")
+    assert deltas[-1].text == _expected(sp_llm, prompt, out)
