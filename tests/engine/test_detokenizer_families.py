@@ -144,3 +144,25 @@ def test_first_word_keeps_its_space(family):
         stream = TextStream(tokenizer, p, [], profile=family_profile(family))
         text = "".join(stream.append([t])[0] for t in word) + stream.finish()
         assert text.startswith(" ") and text == continuation(family, p, word)
+
+
+def test_other_decoders_get_no_profile_and_never_raise():
+    """A WordPiece decoder ("##" joins, spaces elsewhere) is no family the profile knows: the detokenizer
+    falls back to holding back only U+FFFD-ended text (vLLM's window), and never raises."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(
+        TEXTS * 5, trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[UNK]"], show_progress=False)
+    )
+    from engine.decoder_profile import decoder_profile
+
+    assert decoder_profile(tok) is None
+    rng = random.Random(0)
+    for _ in range(50):
+        ids = [rng.randrange(tok.get_vocab_size()) for _ in range(12)]
+        detok = IncrementalDetokenizer(tok, ids[:3])
+        deltas = [detok.add([t]) for t in ids[3:]] + [detok.finish()]
+        assert "".join(deltas) == detok.text  # (not exact for WordPiece: no family of issue 20)
