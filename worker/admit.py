@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
@@ -25,7 +26,7 @@ from engine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
 from worker.errors import ErrorCode, JobError
 from worker.intake import parse_entry
-from worker.keys import JOB_FIELD
+from worker.keys import JOB_FIELD, alone_field
 from worker.lease import add_acquire, add_release
 from worker.protocol import Job
 from worker.refuse import add_ack, add_failure
@@ -33,6 +34,9 @@ from worker.rejections import job_error
 from worker.resume import read_resume
 from worker.round import Round
 from worker.state import InFlight
+
+if TYPE_CHECKING:
+    from worker.isolation import Isolation
 
 log = structlog.get_logger("conveyor.admit")
 
@@ -54,8 +58,9 @@ class Admitter:
         on_admitted: Callable[[InFlight], None],
         on_outcome: Callable[[str], None],
         on_full: Callable[[Arrived, Exception], None],
+        isolation: Isolation,
     ) -> None:
-        self.cfg, self.engine = cfg, engine
+        self.cfg, self.engine, self.isolation = cfg, engine, isolation
         self.running = running
         self.on_admitted, self.on_outcome, self.on_full = on_admitted, on_outcome, on_full
 
@@ -80,7 +85,7 @@ class Admitter:
         out, cancel = cfg.keys.out(job.id), cfg.keys.cancel(job.id)
         keep = lambda reply, _into: replies.append(reply)  # noqa: E731
         add_acquire(rnd, cfg, job.id, keep)
-        rnd.add(lambda p: p.hget(cfg.keys.attempts, job.id), keep)
+        rnd.add(lambda p: p.hmget(cfg.keys.attempts, [job.id, alone_field(job.id)]), keep)
         rnd.add(lambda p: p.xrange(out, count=cfg.stream_maxlen), keep)
         rnd.add(
             lambda p: p.exists(cancel), lambda r, into: self._decide(arrived, job, raw, [*replies, r], into)
@@ -120,14 +125,18 @@ class Admitter:
         if resume.terminal:  # finished before (a re-enqueued id, or a crash between event and ack)
             add_ack(nxt, cfg, arrived.entry_id)
             add_release(nxt, cfg, job.id)
-            nxt.add(lambda p: p.hdel(cfg.keys.attempts, job.id))
+            nxt.add(lambda p: p.hdel(cfg.keys.attempts, job.id, alone_field(job.id)))
             self.on_outcome("duplicate")
             return
         now_ms = time.time() * 1000
         # This is an attempt: counted in the next round, which is sent before the step that runs the job,
-        # so a crash while running it counts (like arq). Duplicates never reach this point.
-        attempts = int(started or 0) + 1
-        if attempts > cfg.max_attempts:
+        # so a crash while running it counts (like arq). Duplicates never reach this point. A job an
+        # earlier attempt of which did not finish runs alone; it is refused only once it has used its
+        # attempts and one of them ran alone (worker/isolation.py).
+        count, ran_alone = started
+        attempts = int(count or 0) + 1
+        suspect = attempts > 1
+        if suspect and ran_alone and attempts > cfg.max_attempts:
             error = JobError(ErrorCode.TOO_MANY_ATTEMPTS, f"{attempts - 1} attempts did not finish", job.id)
             self._refuse(nxt, arrived, error, raw, owned=True)
             return
@@ -135,7 +144,13 @@ class Admitter:
             error = JobError(ErrorCode.DEADLINE_EXCEEDED, "deadline_ms passed before the job started", job.id)
             self._refuse(nxt, arrived, error, raw, owned=True)
             return
+        if self.isolation.must_wait(suspect):
+            add_release(nxt, cfg, job.id)
+            self.isolation.hold(arrived)
+            return
         nxt.add(lambda p: p.hincrby(cfg.keys.attempts, job.id, 1))
+        if suspect:
+            nxt.add(lambda p: p.hset(cfg.keys.attempts, alone_field(job.id), 1))
         try:
             self._start(job, resume.prior_lists(job.n or 1))
         except JobError as error:
@@ -150,6 +165,9 @@ class Admitter:
             next_seq=resume.next_seq,
         )
         self.on_admitted(state)
+        if suspect:
+            self.isolation.alone = job.id
+            log.info("job runs alone: an earlier attempt did not finish", request_id=job.id, attempt=attempts)
         if resume.prior:
             log.info(
                 "job resumed",

@@ -26,12 +26,14 @@ import structlog
 
 from engine.client import EngineClient
 from engine.outputs import StepDelta
+from worker import fault_injection
 from worker.aborts import Aborter
 from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff, with_retry
 from worker.consumer_lease import ConsumerLease
+from worker.isolation import Isolation, add_refund
 from worker.lease import add_release, add_renewal
 from worker.metrics import Metrics
 from worker.observer import Observer
@@ -79,6 +81,7 @@ class Worker:
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
+        self.isolation = Isolation(self.inflight)  # jobs that survived a crash run alone
         self.arrived: list[Arrived] = []  # read, to be admitted in the next round
         # The next step's round, already holding what the last step's replies and events wrote into it.
         self.carry = Round()
@@ -90,7 +93,13 @@ class Worker:
         self.consumer_lease = ConsumerLease(client, cfg)
         self.publisher = Publisher(self.aborter.lost, self._full, sharded_pubsub=cfg.cluster)
         self.admitter = Admitter(
-            cfg, engine, self.inflight.get, self._admitted, self.observer.outcome, self._readmit
+            cfg,
+            engine,
+            self.inflight.get,
+            self._admitted,
+            self.observer.outcome,
+            self._readmit,
+            self.isolation,
         )
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
         self.backoff = Backoff()
@@ -161,6 +170,8 @@ class Worker:
 
     def step_engine(self, step: Step) -> Stepped:
         deltas = self.engine.step() if step.busy else []
+        if fault_injection.KILL_JOB is not None:  # tests only (worker/fault_injection.py)
+            fault_injection.kill_if_armed(deltas)
         return Stepped(deltas, time.perf_counter(), time.time())
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
@@ -177,7 +188,9 @@ class Worker:
 
     def has_work(self) -> bool:
         """Jobs in flight or read, commands owed to Redis, or a heartbeat due: a round to send."""
-        return bool(self.inflight or self.arrived or len(self.carry) or self._heartbeat_due())
+        return bool(
+            self.inflight or self.arrived or self.isolation.held or len(self.carry) or self._heartbeat_due()
+        )
 
     def reserved(self) -> int:
         """Jobs read or being read and not yet added to the engine: room the engine has that is taken."""
@@ -205,8 +218,11 @@ class Worker:
         draining, full = self.stop.warm.is_set(), self.health.is_full
         self._admitting = 0
         if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
-            self.arrived = []
-        else:  # (Redis full: refused again and kept for the next try, see _readmit)
+            self.arrived, self.isolation.held = [], []
+        else:
+            self.arrived.extend(
+                self.isolation.release()
+            )  # (Redis full: refused again and kept for the next try, see _readmit)
             for arrived in self.arrived:
                 self.admitter.add(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
@@ -276,7 +292,7 @@ class Worker:
     def room(self) -> int:
         """Jobs this worker can start now: free sequence slots, and KV blocks at the current per-job use."""
         stats = self.engine.stats()
-        if stats.num_waiting > 0:
+        if stats.num_waiting > 0 or self.isolation.running_alone() or self.isolation.held:
             return 0
         free_slots, free_blocks = self.engine.free_capacity()
         per_job = max(1, math.ceil(stats.num_kv_blocks_used / stats.num_running)) if stats.num_running else 1
@@ -325,6 +341,8 @@ class Worker:
         if plan.has_tokens:
             into.sampled_at = sampled_at
         for job in plan.done:
+            if job.error:
+                log.warning("job failed", request_id=job.job_id, code=job.error_code, reason=job.error)
             del self.inflight[job.job_id]
             self.observer.finished(job, now_ms)
         self.publisher.add(into, plan.batch)
@@ -338,6 +356,7 @@ class Worker:
         aborted = {job.job_id for job in self.inflight.values() if self.engine.abort(job.job_id)}
         self.inflight.clear()
         self.arrived, self.carry, self._admitting, self._reading = [], Round(), 0, 0
+        self.isolation.held = []
         self.backoff.reset()
         for script in (self.publisher.script, self.trimmer.script, self.consumer_lease.script):
             script.loaded = False  # the new master may not have them
@@ -358,6 +377,7 @@ class Worker:
         rnd, self.carry = self.carry, Round()
         for job in left:
             add_release(rnd, self.cfg, job.job_id)
+            add_refund(rnd, self.cfg, job.job_id)  # a warm stop is no crash (worker/isolation.py)
         if self._started and not self.stop.cold.is_set() and not self._redis_lost:
             try:
                 if len(rnd):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from worker.config import WorkerConfig
 from worker.errors import JobError
 from worker.events import error_event
-from worker.keys import EVENT_FIELD
+from worker.keys import EVENT_FIELD, alone_field
 from worker.lease import add_release
 from worker.round import Round
 
@@ -41,6 +41,6 @@ def add_failure(
 
 
 def _forget(rnd: Round, cfg: WorkerConfig, job_id: str) -> None:
-    rnd.add(lambda p: p.hdel(cfg.keys.attempts, job_id))
+    rnd.add(lambda p: p.hdel(cfg.keys.attempts, job_id, alone_field(job_id)))
     cancel_key = cfg.keys.cancel(job_id)
     rnd.add(lambda p: p.delete(cancel_key))
