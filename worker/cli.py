@@ -142,7 +142,7 @@ def worker(**kw: Any) -> None:
     from worker.consumer_lease import ConsumerNameTaken
     from worker.keys import group_name
     from worker.loop import Worker
-    from worker.preflight import PreflightError, check_eviction_policy, wait_reachable
+    from worker.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
     from worker.tiny import resolve_model
 
     logs.configure(kw.pop("log_level"))
@@ -151,6 +151,9 @@ def worker(**kw: Any) -> None:
     client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
+        if not kw["cluster"]:  # (a cluster's nodes are checked by each shard's first round)
+            keys = Keys(**pop_config_kwargs(Keys, dict(kw)))
+            check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -180,6 +183,8 @@ def worker(**kw: Any) -> None:
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())
     try:
         w.run()
+        if getattr(w, "refused", None) is not None:  # Redis refused a command: logged once, exit non-zero
+            raise SystemExit(1)
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
     except ConsumerNameTaken as exc:

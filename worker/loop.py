@@ -100,6 +100,7 @@ class Worker:
         self._started = False
         self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
         self._refused_for_memory = False  # in the round being dispatched
+        self.refused: str | None = None  # Redis refused a command for lack of permission (ACL): why
 
     @property
     def metrics(self) -> Metrics:
@@ -125,6 +126,13 @@ class Worker:
         except StopRequested as exc:
             self._redis_lost = True
             log.warning("stopping while Redis is unavailable or full", error=str(exc))
+        except redis.exceptions.NoPermissionError as exc:
+            # Waiting will not help and every later round would be refused too: stop writing, exit.
+            self._redis_lost, self.refused = True, str(exc)
+            log.error(
+                "redis refused a command (ACL): grant the worker's commands, docs/operations.md Security",
+                error=str(exc),
+            )
         finally:
             self.shutdown()
 
@@ -168,7 +176,7 @@ class Worker:
         step's events."""
         self._refused_for_memory = False
         step.rnd.dispatch(self._results(step.rnd, future), step.nxt)
-        self._reading = 0
+        self._reading = self._admitting = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
             self.backoff.reset()
@@ -371,4 +379,6 @@ class Worker:
             self.cancels.stop()
             gc.unfreeze()
         self.io.shutdown(wait=True)
-        log.info("worker stopped", left_unacknowledged=len(left))
+        # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
+        unacked = len(left) + len(self.arrived) + self._admitting
+        log.info("worker stopped", left_unacknowledged=unacked)
