@@ -49,6 +49,12 @@ def redis_options(f):
                 help="redis://, rediss:// (TLS); user:password@ for ACL",
                 callback=_redis_url_option,
             ),
+            opt(
+                "--redis-socket-timeout",
+                type=click.FloatRange(min=0.1),
+                default=30.0,
+                help="seconds a Redis reply may take before the connection counts as lost (a frozen network)",
+            ),
             opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
             opt("--redis-keyfile", default=None, help="TLS: client key"),
@@ -67,15 +73,16 @@ def _client(kw: dict, cluster: bool = False):
     tls = TlsOptions(
         kw.pop("redis_ca_certs"), kw.pop("redis_certfile"), kw.pop("redis_keyfile"), kw.pop("redis_cert_reqs")
     )
+    socket_timeout = kw.pop("redis_socket_timeout")
     if not cluster:
-        return connect(kw.pop("redis_url"), tls)
+        return connect(kw.pop("redis_url"), tls, socket_timeout)
     from redis.exceptions import RedisClusterException
 
     from worker.cluster.connect import connect_cluster
 
     url = kw.pop("redis_url")
     try:
-        return connect_cluster(url, tls)
+        return connect_cluster(url, tls, socket_timeout)
     except (RedisClusterException, redis.ConnectionError) as exc:
         raise click.ClickException(f"cannot use the Redis Cluster at --redis-url: {exc}") from exc
 

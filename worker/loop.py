@@ -19,6 +19,7 @@ import gc
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import NamedTuple
 
 import redis
@@ -30,7 +31,7 @@ from worker.aborts import Aborter
 from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
 from worker.config import WorkerConfig
-from worker.connection import DOWN_ERRORS, Backoff, with_retry
+from worker.connection import DOWN_ERRORS, Backoff, cut_off, with_retry
 from worker.consumer_lease import ConsumerLease
 from worker.lease import add_release, add_renewal
 from worker.metrics import Metrics
@@ -46,6 +47,7 @@ from worker.trim import Trimmer
 
 log = structlog.get_logger("conveyor.worker")
 _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
+LAST_WRITE_S = 2.0  # the last round at a stop, at most: then the sockets are cut (a frozen network)
 
 
 class Step(NamedTuple):
@@ -77,6 +79,8 @@ class Worker:
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
+        # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
+        self.stop.on_expired(lambda: cut_off(client))
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
         self.arrived: list[Arrived] = []  # read, to be admitted in the next round
@@ -338,6 +342,19 @@ class Worker:
         self.publisher.add(into, plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------
+    def _last_write(self, rnd: Round) -> None:
+        def write() -> None:
+            if len(rnd):
+                rnd.execute(self.client)
+            self.consumer_lease.release()
+
+        future = self.io.submit(write)
+        try:
+            future.result(timeout=LAST_WRITE_S)
+        except FutureTimeout:
+            cut_off(self.client)  # the write's read fails at once
+            future.result(timeout=LAST_WRITE_S)
+
     def forget_jobs(self) -> set[str]:
         """Redis lost this worker's last writes (its master failed over): forget every job and all that is
         owed to Redis, since the new master's state is the truth now, aborting the jobs in the engine
@@ -368,9 +385,7 @@ class Worker:
             add_release(rnd, self.cfg, job.job_id)
         if self._started and not self.stop.cold.is_set() and not self._redis_lost:
             try:
-                if len(rnd):
-                    rnd.execute(self.client)
-                self.consumer_lease.release()
+                self._last_write(rnd)
             except _REDIS_FAILURES as exc:
                 log.warning("could not write the last round", error=str(exc))
         for job in left:
