@@ -218,28 +218,33 @@ def submit(
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
 
+    from worker.cli_errors import one_line_errors
     from worker.client import events
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    queue = _queue(kw, keys, cluster, shards, replicas)
+    # --timeout bounds the whole call: no socket may wait longer (connecting included).
+    kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
+    url = kw["redis_url"]
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if seed is not None:
         job["seed"] = seed
-    shard = queue.submit(job)
-    for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
-        if event["type"] == "token":
-            click.echo(event["text"], nl=False)
-        elif event["type"] == "done":
-            u, t = event["usage"], event["timing"]
-            click.echo(
-                f"\n[{event['finish_reason']}: {u['prompt_tokens']} prompt + {u['completion_tokens']} tokens, "
-                f"ttft {t['ttft_ms']} ms, total {t['total_ms']} ms]",
-                err=True,
-            )
-        else:
-            click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
-            raise SystemExit(1)
+    with one_line_errors(url):
+        queue = _queue(kw, keys, cluster, shards, replicas)
+        shard = queue.submit(job)
+        for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
+            if event["type"] == "token":
+                click.echo(event["text"], nl=False)
+            elif event["type"] == "done":
+                u, t = event["usage"], event["timing"]
+                click.echo(
+                    f"\n[{event['finish_reason']}: {u['prompt_tokens']} prompt + {u['completion_tokens']} "
+                    f"tokens, ttft {t['ttft_ms']} ms, total {t['total_ms']} ms]",
+                    err=True,
+                )
+            else:
+                click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
+                raise SystemExit(1)
 
 
 @main.command()
@@ -328,6 +333,12 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
 @redis_options
 @opt("--errors-file", default=None, type=click.Path(dir_okay=False), help="also append failed lines here")
 @opt("--max-in-flight", type=int, default=256, help="jobs enqueued and not yet answered, at most")
+@opt(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="stop (rerun to resume) when no event came for this many seconds with jobs in flight (0: wait)",
+)
 @opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
 @cluster_client_options
 def batch_cmd(
@@ -335,6 +346,7 @@ def batch_cmd(
     output_path: str,
     errors_file,
     max_in_flight: int,
+    timeout: float,
     progress,
     cluster,
     shards,
@@ -343,11 +355,15 @@ def batch_cmd(
 ) -> None:
     """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
     from worker.batch.runner import BatchRunner
+    from worker.cli_errors import one_line_errors
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    queue = _queue(kw, keys, cluster, shards, replicas)
-    runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress)
-    s = runner.run(input_path, output_path, errors_file)
+    if timeout:
+        kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
+    with one_line_errors(kw["redis_url"], resume_hint=" (rerun the same command to resume)"):
+        queue = _queue(kw, keys, cluster, shards, replicas)
+        runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress, idle_timeout_s=timeout)
+        s = runner.run(input_path, output_path, errors_file)
     click.echo(
         f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
         f"{s.completion_tokens} completion tokens",

@@ -52,7 +52,7 @@ def wait_reachable(client: redis.Redis, url: str, tries: int = START_TRIES) -> N
         except DOWN_ERRORS as exc:
             if attempt == tries:
                 raise PreflightError(
-                    f"cannot reach Redis at {_safe(url)} after {tries} tries: {exc}"
+                    f"cannot reach Redis at {safe_url(url)} after {tries} tries: {exc}"
                 ) from exc
             delay = backoff.next_delay()
             _log().warning("redis not reachable yet", error=str(exc), attempt=attempt, retry_in_s=delay)
@@ -103,7 +103,7 @@ def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL without its password, for messages."""
     parsed = redis.connection.urlparse(url)
     if parsed.password:
