@@ -80,7 +80,8 @@ class Worker:
         # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
-        self.stop.on_expired(lambda: cut_off(client))
+        self._cut_off = lambda: cut_off(client)
+        self.stop.on_expired(self._cut_off)
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
         self.arrived: list[Arrived] = []  # read, to be admitted in the next round
@@ -394,6 +395,7 @@ class Worker:
             self.cancels.stop()
             gc.unfreeze()
         self.io.shutdown(wait=True)
+        self.stop.forget(self._cut_off)
         # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
         unacked = len(left) + len(self.arrived) + self._admitting
         log.info("worker stopped", left_unacknowledged=unacked)

@@ -31,6 +31,11 @@ class StopFlag:
         """Call `callback` (on a timer thread) once the stop is cold or its drain time is over."""
         self._on_expired.append(callback)
 
+    def forget(self, callback: Callable[[], None]) -> None:
+        """Do not call `callback` after all (its worker has stopped: its client may live on elsewhere)."""
+        if callback in self._on_expired:
+            self._on_expired.remove(callback)
+
     def request(self) -> None:
         if self.warm.is_set():
             self.cold.set()
@@ -46,7 +51,7 @@ class StopFlag:
         if self._fired.is_set():
             return
         self._fired.set()
-        for callback in self._on_expired:
+        for callback in list(self._on_expired):
             callback()
 
     def expired(self) -> bool:
