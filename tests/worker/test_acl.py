@@ -123,3 +123,14 @@ def test_a_refusal_at_run_time_is_one_line_and_a_clean_stop(server, admin):
     pending = admin.xpending(K.requests, "test")["pending"]
     stopped = [e for e in logs if e["event"] == "worker stopped"]
     assert pending == 1 and stopped[0]["left_unacknowledged"] == pending
+
+
+def test_a_refused_cancel_channel_is_one_line_and_jobs_still_run(server, admin):
+    url = user_url(admin, server, "nosub", without=("subscribe",))
+    worker = Worker(FakeEngine(), connect(url), WorkerConfig(group="test", consumer="w1"))
+    with structlog.testing.capture_logs() as logs, on_a_thread(worker):
+        enqueue(admin, {"id": "j", "prompt": "x", "max_tokens": 3})
+        assert collect(admin, "j", timeout_s=10)[-1]["type"] == "done"
+        wait_until(lambda: any(e["log_level"] == "error" for e in logs), 10, "the refusal")
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert [e["event"] for e in errors] == ["cancel channel refused (ACL): cancels by key only"]
