@@ -4,6 +4,7 @@ under every fault mode, and the worker and its clients recover by themselves onc
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -11,7 +12,7 @@ import redis
 import structlog
 
 from tests.helpers.fault_proxy import FaultProxy
-from tests.helpers.worker_fakes import FakeEngine, on_a_thread, wait_until
+from tests.helpers.worker_fakes import FakeEngine, log_lines, on_a_thread, spawn_worker, wait_until
 from worker import local_redis
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig
@@ -111,3 +112,28 @@ def test_jobs_stay_exactly_once_under_a_fault_and_everyone_recovers(server, prox
         stream = [e for _, e in direct.xrange(K.out(job_id))]
         assert len(stream) == len(events), "the stream holds one history"
     assert direct.xpending(K.requests, "test")["pending"] == 0, "every job acknowledged"
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_a_worker_process_on_a_frozen_network_exits_within_the_drain_bound(
+    server, proxy, tiny_model, tmp_path
+):
+    """The issue's case: `conveyor worker --drain-timeout 2` (30 s socket timeout), SIGTERM while its
+    connections are frozen; it exits within the drain bound plus the 2 s last write, not the 30 s."""
+    direct = connect(server.url)
+    log = tmp_path / "w.log"
+    proc = spawn_worker(proxy.url(), tiny_model, "frozen", log, "--drain-timeout", "2")
+    try:
+        job = {"id": "long", "prompt": "frozen", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+        enqueue(direct, job)
+        wait_until(lambda: direct.xlen(K.out("long")) >= 2, 120, "first tokens")
+        proxy.set("stall")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)  # the socket timeout (30 s) would end it later
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0
+    said = [e.get("event") for e in log_lines(log)]
+    assert "stopping while Redis is unavailable or full" in said and "worker stopped" in said
