@@ -155,6 +155,8 @@ def worker(**kw: Any) -> None:
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
     url = kw["redis_url"]
+    if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
+        raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
     client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
