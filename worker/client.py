@@ -56,8 +56,12 @@ def read_block_ms(client: redis.Redis, wanted_ms: int = _DEFAULT_BLOCK_MS) -> in
 
 
 def bounded_reader(client: redis.Redis, timeout_s: float) -> redis.Redis:
-    """A client on a new pool like `client`'s: no redis-py retries, socket waits of at most timeout_s."""
+    """A client on a new pool like `client`'s: no redis-py retries, socket waits of at most timeout_s.
+    Only for a plain ConnectionPool: a pool of another kind (worker/cluster/connect.py's MasterPool,
+    which follows its shard's master, a sentinel's) is used as it is, with its own timeouts and retries."""
     pool = client.connection_pool
+    if type(pool) is not redis.ConnectionPool:
+        return client
     kwargs = dict(pool.connection_kwargs)
     for name in ("socket_timeout", "socket_connect_timeout"):
         own = _socket_timeout(pool, name)
@@ -106,7 +110,8 @@ def events(
                 if event["type"] in ("done", "error"):
                     return
     finally:
-        reader.close()
+        if reader is not client:
+            reader.close()
 
 
 def collect(client: redis.Redis, job_id: str, keys: Keys | None = None, timeout_s: float = 300) -> list[dict]:
