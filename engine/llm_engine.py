@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from typing import Any, cast
@@ -68,6 +69,8 @@ class LLMEngine:
             rank_device(self.device, config.tensor_parallel_size - 1)  # refuses more ranks than GPUs
             self.device = rank_device(self.device, 0)  # "cuda" -> "cuda:0": rank r is on cuda:r
         self.ranks = RankProcesses(config, self.device) if config.tensor_parallel_size > 1 else None
+        if self.ranks is not None:  # an engine dropped without close() still stops its ranks
+            weakref.finalize(self, self.ranks.close)
         try:
             self._start(config)
         except BaseException:
@@ -468,9 +471,16 @@ class LLMEngine:
         }
 
     def close(self) -> None:
-        """Stop the tensor-parallel ranks (if any). Idempotent; also run at interpreter exit."""
+        """Stop the tensor-parallel ranks (if any). Idempotent; also run when the engine is garbage
+        collected and at interpreter exit."""
         if self.ranks is not None:
             self.ranks.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ helpers
 

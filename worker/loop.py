@@ -19,6 +19,7 @@ import gc
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import NamedTuple
 
 import redis
@@ -31,7 +32,7 @@ from worker.aborts import Aborter
 from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
 from worker.config import WorkerConfig
-from worker.connection import DOWN_ERRORS, Backoff, with_retry
+from worker.connection import DOWN_ERRORS, Backoff, cut_off, with_retry
 from worker.consumer_lease import ConsumerLease
 from worker.isolation import Isolation, add_refund
 from worker.lease import add_release, add_renewal
@@ -48,6 +49,7 @@ from worker.trim import Trimmer
 
 log = structlog.get_logger("conveyor.worker")
 _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
+LAST_WRITE_S = 2.0  # the last round at a stop, at most: then the sockets are cut (a frozen network)
 
 
 class Step(NamedTuple):
@@ -79,6 +81,9 @@ class Worker:
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
+        # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
+        self._cut_off = lambda: cut_off(client)
+        self.stop.on_expired(self._cut_off)
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
         self.isolation = Isolation(self.inflight)  # jobs that survived a crash run alone
@@ -109,6 +114,7 @@ class Worker:
         self._started = False
         self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
         self._refused_for_memory = False  # in the round being dispatched
+        self.refused: str | None = None  # Redis refused a command for lack of permission (ACL): why
 
     @property
     def metrics(self) -> Metrics:
@@ -134,6 +140,13 @@ class Worker:
         except StopRequested as exc:
             self._redis_lost = True
             log.warning("stopping while Redis is unavailable or full", error=str(exc))
+        except redis.exceptions.NoPermissionError as exc:
+            # Waiting will not help and every later round would be refused too: stop writing, exit.
+            self._redis_lost, self.refused = True, str(exc)
+            log.error(
+                "redis refused a command (ACL): grant the worker's commands, docs/operations.md Security",
+                error=str(exc),
+            )
         finally:
             self.shutdown()
 
@@ -179,7 +192,7 @@ class Worker:
         step's events."""
         self._refused_for_memory = False
         step.rnd.dispatch(self._results(step.rnd, future), step.nxt)
-        self._reading = 0
+        self._reading = self._admitting = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
             self.backoff.reset()
@@ -348,6 +361,19 @@ class Worker:
         self.publisher.add(into, plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------
+    def _last_write(self, rnd: Round) -> None:
+        def write() -> None:
+            if len(rnd):
+                rnd.execute(self.client)
+            self.consumer_lease.release()
+
+        future = self.io.submit(write)
+        try:
+            future.result(timeout=LAST_WRITE_S)
+        except FutureTimeout:
+            cut_off(self.client)  # the write's read fails at once
+            future.result(timeout=LAST_WRITE_S)
+
     def forget_jobs(self) -> set[str]:
         """Redis lost this worker's last writes (its master failed over): forget every job and all that is
         owed to Redis, since the new master's state is the truth now, aborting the jobs in the engine
@@ -380,9 +406,7 @@ class Worker:
             add_refund(rnd, self.cfg, job.job_id)  # a warm stop is no crash (worker/isolation.py)
         if self._started and not self.stop.cold.is_set() and not self._redis_lost:
             try:
-                if len(rnd):
-                    rnd.execute(self.client)
-                self.consumer_lease.release()
+                self._last_write(rnd)
             except _REDIS_FAILURES as exc:
                 log.warning("could not write the last round", error=str(exc))
         for job in left:
@@ -391,4 +415,7 @@ class Worker:
             self.cancels.stop()
             gc.unfreeze()
         self.io.shutdown(wait=True)
-        log.info("worker stopped", left_unacknowledged=len(left))
+        self.stop.forget(self._cut_off)
+        # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
+        unacked = len(left) + len(self.arrived) + self._admitting
+        log.info("worker stopped", left_unacknowledged=unacked)
