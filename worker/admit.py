@@ -2,7 +2,7 @@
 worth of commands folded into the loop's rounds.
 
 Round k (this module's `add`): parse the payload; then for a well-formed job, in the same round
-    SET owner NX GET (lease.py), HGET attempts, XRANGE out:<id> (resume.py), EXISTS cancel:<id>.
+    SET owner NX GET (lease.py), HMGET attempts, XRANGE out:<id> (resume.py), EXISTS cancel:<id>.
 Dispatch of round k (`_decide`): run it, resume it, or refuse it; what to write goes into round k+1 (the
 round being built, handed to `_decide` by `Round.dispatch`), including HINCRBY attempts for a job that
 runs (round k+1 is sent before the step that runs it).
