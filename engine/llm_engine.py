@@ -14,12 +14,12 @@ from dataclasses import asdict, replace
 from typing import Any, cast
 
 from engine.attention import get_attention_backend
-from engine.config import EngineConfig, SchedulerConfig
+from engine.config import EngineConfig, SchedulerConfig, check_backend_block_size
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import Decoder, TextStream
-from engine.device import resolve_device
+from engine.device import DeviceBinding, resolve_device
 from engine.distributed.group import TPGroup
 from engine.distributed.rank_model import (
     agree_num_blocks,
@@ -59,10 +59,13 @@ class LLMEngine:
         if config.enable_cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
+        check_backend_block_size(config.block_size, self.attention_backend.name)
         # Tensor parallelism: ranks 1..N-1 start loading while this process loads rank 0's shard.
         if config.tensor_parallel_size > 1:
             rank_device(self.device, config.tensor_parallel_size - 1)  # refuses more ranks than GPUs
             self.device = rank_device(self.device, 0)  # "cuda" -> "cuda:0": rank r is on cuda:r
+        # This thread's current CUDA device, before the weights load (rank 0's join thread sets only its own).
+        DeviceBinding(self.device).bind()
         self.ranks = RankProcesses(config, self.device) if config.tensor_parallel_size > 1 else None
         try:
             self._start(config)

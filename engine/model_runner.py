@@ -20,6 +20,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.cuda_graphs import CudaGraphs, batch_buckets, bucket_for
+from engine.device import DeviceBinding
 from engine.distributed.step_message import StepInputs
 from engine.input_batch import InputBatch
 from engine.kv_cache import allocate_kv_pool, layer_views
@@ -59,6 +60,9 @@ class ModelRunner:
         self.model, self.spec, self.block_size = model, spec, block_size
         self.ranks = ranks
         self.device = torch.device(device)
+        # Before anything runs on the device here (graph capture included), and again per stepping thread.
+        self._binding = DeviceBinding(self.device)
+        self._binding.bind()
         if backend is not None:
             model.attn_backend = backend
         if isinstance(kv_pool, int):
@@ -89,6 +93,7 @@ class ModelRunner:
 
     def execute(self, sched_out: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
         t0 = time.perf_counter()
+        self._binding.bind()
         if sched_out.is_empty:
             empty = self.batch.buffers.input_ids[:0]
             self._run(StepInputs(empty, empty, None, empty, sched_out.block_copies))

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_cache, interpreting, next_pow2
+from kernels.block_sizes import TRITON_BLOCK_SIZES
 
 LOG2E = 1.4426950408889634
 # Loop to a host-side bound with masked tiles when interpreting: triton 3.6 + numpy 2.4 cannot run an
@@ -171,9 +172,12 @@ def validate_attention_args(
     check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     check(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1, "seq_lens must be int32 [S]")
     check(block_tables.shape[0] == seq_lens.shape[0], "block_tables and seq_lens disagree on num_seqs")
+    # The engine's sizes are TRITON_BLOCK_SIZES (EngineConfig refuses others); the kernels compile for any
+    # power of two from the smallest of them (kernels/compile_check.py probes larger ones).
+    block_size = k_cache.shape[1]
     check(
-        k_cache.shape[1] >= 16 and k_cache.shape[1] == next_pow2(k_cache.shape[1]),
-        "block_size must be a power of two >= 16",
+        block_size >= TRITON_BLOCK_SIZES[0] and block_size == next_pow2(block_size),
+        f"block_size must be one of {TRITON_BLOCK_SIZES} (or a larger power of two), got {block_size}",
     )
     devices = {t.device for t in (query, k_cache, v_cache, block_tables, seq_lens)}
     check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
