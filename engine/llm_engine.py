@@ -33,7 +33,7 @@ from engine.kv_cache import allocate_kv_pool
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
-from engine.sampler import Sampler
+from engine.sampling.make_sampler import make_sampler
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import GrammarMaskingSampler
 from engine.structured.manager import StructuredOutputManager
@@ -99,7 +99,9 @@ class LLMEngine:
             self.device,
             self.attention_backend,
             GrammarMaskingSampler(
-                Sampler(self.spec.vocab_size, self.eos_token_ids), self.structured.rows, self.spec.vocab_size
+                make_sampler(self.spec.vocab_size, self.eos_token_ids, self.device),
+                self.structured.rows,
+                self.spec.vocab_size,
             ),
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

@@ -27,7 +27,8 @@ from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import Sampler, TokenSampler
+from engine.sampler import TokenSampler
+from engine.sampling.make_sampler import make_sampler
 
 if TYPE_CHECKING:  # rank_processes spawns rank_process, which imports this module
     from engine.distributed.rank_processes import RankProcesses
@@ -51,7 +52,7 @@ class ModelRunner:
         ranks: RankProcesses | None = None,
     ) -> None:
         """kv_pool: the pool tensor from `engine.kv_cache.allocate_kv_pool`, or a block count to allocate.
-        backend: replaces the model's attention backend when given. sampler: None -> engine.sampler.Sampler.
+        backend: replaces the model's attention backend when given. sampler: None -> make_sampler for the device.
         The max_* sizes preallocate the step buffers (they grow if exceeded, unless graphs are captured).
         enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only).
         ranks: on rank 0 of a tensor-parallel group, the other ranks, sent every step before it runs here."""
@@ -74,7 +75,9 @@ class ModelRunner:
         self.num_blocks = kv_pool.shape[2]
         self.kv_caches = layer_views(kv_pool)
         self.sampler = (
-            sampler if sampler is not None else Sampler(spec.vocab_size, frozenset(spec.eos_token_ids))
+            sampler
+            if sampler is not None
+            else make_sampler(spec.vocab_size, frozenset(spec.eos_token_ids), self.device)
         )
         self.buckets = batch_buckets(max_num_seqs)
         max_blocks = -(-max_model_len // block_size)
