@@ -173,6 +173,7 @@ def load_model(
     with torch.device("meta"):
         net = build_model(args, tp).to(torch_dtype)
     net = net.to_empty(device=device)
+    net.sliced_lm_head = device.type == "cpu"
     if args.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
     load_weights(net, model_dir)
