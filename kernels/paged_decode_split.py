@@ -178,9 +178,9 @@ def paged_decode_split(
     num_seqs = seq_lens.shape[0]
     check(
         query.shape[0] == num_seqs,
-        f"decode query must have one token per sequence: {query.shape[0]} != {num_seqs}",
+        lambda: f"decode query must have one token per sequence: {query.shape[0]} != {num_seqs}",
     )
-    check(1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    check(1 <= num_splits <= MAX_SPLITS, lambda: f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if num_seqs == 0:
         return out
