@@ -56,7 +56,7 @@ KV_HEADS = (1, 2, 4, 8, 16, 32, 64)
 # Step kinds: a pure decode (one-launch kernel, BLOCK_Q for one token), prefills whose longest chunk
 # makes the launcher pick each BLOCK_Q it can (16, 32, 64 rows), and split-KV decodes.
 PREFILL_QUERY_LENS = (2, 17, 33)
-SPLITS = (2, 64)  # SPLITS is a constexpr; 64 (the cap) gives the reduce kernel its largest tile
+SPLITS = (2, 64)  # a runtime argument (one compile for every count); both values still launched
 
 _DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
