@@ -25,6 +25,7 @@ from engine.distributed.step_message import StepInputs
 from engine.input_batch import InputBatch
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
+from engine.models.generic.checks import refuse_cuda_graphs
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import TokenSampler
@@ -87,6 +88,8 @@ class ModelRunner:
         # Pad decode-only steps to a bucket (CUDA graphs need it; tests turn it on alone on the CPU).
         self.pad_decode_batches = enable_cuda_graphs
         self.graphs: CudaGraphs | None = None
+        if enable_cuda_graphs and isinstance(model, TransformersCausalLM):
+            refuse_cuda_graphs(model.hf.config)  # before anything is captured
         if enable_cuda_graphs:
             self.graphs = CudaGraphs(model, self.kv_caches, self.batch, self.buckets, max_model_len)
             self.graphs.capture()
