@@ -246,6 +246,9 @@ def paged_decode_split(
         LOOP_FROM_ARG=LOOP_BOUND_FROM_ARG,
         WINDOWED=window is not None,
         SOFTCAP=softcap is not None,
+        # The per-sequence bounds keep a few more values live: the bf16 32 x 128 K/V tile spilled 20 B at
+        # 4 warps on sm_90 (kernels/compile_check.py); 8 warps spread them over twice the threads.
+        num_warps=8 if block_size * block_d >= 4096 else 4,
     )
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
         m,
