@@ -10,6 +10,8 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from kernels.block_sizes import BLOCK_SIZES, TRITON_BLOCK_SIZES
+
 
 def knob(default: Any, help: str) -> Any:
     """A config field with the help text the CLI shows for it."""
@@ -42,7 +44,7 @@ class EngineConfig:
     """What a user chooses. `LLMEngine(model, **kwargs)` builds one of these."""
 
     model: str = field(metadata={"help": "checkpoint folder, hub id, or tiny[:<arch>] (a random tiny model)"})
-    block_size: int = knob(16, "tokens per KV block: 8, 16, 32, 64 or 128")
+    block_size: int = knob(16, "tokens per KV block: 8, 16, 32, 64 or 128 (8: torch backend only)")
     max_num_seqs: int = knob(64, "most sequences in one step")
     max_num_batched_tokens: int = knob(2048, "most tokens in one step (prefill chunks + decodes)")
     max_model_len: int | None = knob(None, "longest sequence, prompt + output (default: the model's)")
@@ -57,7 +59,8 @@ class EngineConfig:
     )
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = knob(
-        "auto", "weights and KV dtype (auto: the checkpoint's on CUDA, float32 on the CPU)"
+        "auto",
+        "weights and KV dtype (auto: float32 on the CPU; on CUDA the checkpoint's fp16/bf16, else bf16 or fp16)",
     )
     device: str = knob("auto", "auto, cpu, cuda or cuda:N")
     scheduling: Literal["continuous", "static"] = knob(
@@ -91,8 +94,15 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must name a checkpoint folder or hub id")
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(
+                f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}"
+            )
+        # "auto" on a named CUDA device is Triton (engine.attention.backend); "auto" on device "auto" is
+        # checked again by the engine once the device is known, still before the KV pool is allocated.
+        on_cuda = self.device.startswith("cuda")
+        if self.attention_backend == "triton" or (self.attention_backend == "auto" and on_cuda):
+            check_backend_block_size(self.block_size, "triton")
         _check_at_least_one(
             self,
             "max_num_seqs",
@@ -116,6 +126,16 @@ class EngineConfig:
         if self.enable_cuda_graphs and self.device != "auto" and not self.device.startswith("cuda"):
             raise ValueError(f"enable_cuda_graphs needs a CUDA device, got device={self.device!r}")
         check_choices(self)
+
+
+def check_backend_block_size(block_size: int, backend: str) -> None:
+    """Refuse a block size the attention backend's kernels cannot run (before any memory is allocated)."""
+    if backend == "triton" and block_size not in TRITON_BLOCK_SIZES:
+        sizes = ", ".join(map(str, TRITON_BLOCK_SIZES))
+        raise ValueError(
+            f"block_size {block_size} is not supported by the triton attention backend (CUDA's default): "
+            f"use one of {sizes}, or attention_backend='torch'"
+        )
 
 
 def literal_choices(cls: type, name: str) -> tuple[str, ...] | None:

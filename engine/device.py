@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 
@@ -14,3 +16,24 @@ def resolve_device(name: str | torch.device) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but CUDA is not available")
     return device
+
+
+class DeviceBinding:
+    """Makes `device` the current CUDA device of every thread that runs engine work on it.
+
+    Triton launches on the calling thread's current device (and so does any tensor made with device="cuda"),
+    and that is per thread: a model on cuda:1 stepped from a thread still on cuda:0 would launch kernels on
+    GPU 0 with pointers into GPU 1. `bind()` costs one thread-id compare once the thread is bound.
+    No-op off CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._threads: set[int] = set()
+
+    def bind(self) -> None:
+        if self.device.type != "cuda":
+            return
+        ident = threading.get_ident()
+        if ident not in self._threads:
+            torch.cuda.set_device(self.device)
+            self._threads.add(ident)

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
 import torch
 
 if TYPE_CHECKING:
     from engine.model_loader import ModelSpec
 
+log = structlog.get_logger("conveyor.engine")
+
 DEFAULT_CPU_BYTES = 1 << 30  # 1 GiB
 DEFAULT_CUDA_FRACTION = 0.9
+# A pool sized from memory holds at most this many times what max_num_seqs sequences of max_model_len tokens
+# can use at once: the rest of it only keeps freed prefix-cache blocks for reuse. Without a cap a tiny model
+# on an H200 (0.9 of ~140 GB in 8 KiB blocks) asks for ~15M blocks, each a Python object in the block pool.
+PREFIX_CACHE_FACTOR = 2
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
@@ -55,6 +62,27 @@ def num_blocks_for_budget(
     if n < 1:
         raise ValueError(f"KV budget of {budget} bytes is below one block ({per_block} bytes)")
     return n
+
+
+def most_blocks_usable(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """The cap on a memory-sized pool: PREFIX_CACHE_FACTOR x max_num_seqs full-length sequences' blocks."""
+    return PREFIX_CACHE_FACTOR * max_num_seqs * -(-max_model_len // block_size)
+
+
+def capped_num_blocks(fits: int, max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """min(fits, most_blocks_usable(...)), with a log line when the cap cuts the pool."""
+    cap = most_blocks_usable(max_num_seqs, max_model_len, block_size)
+    if fits <= cap:
+        return fits
+    log.info(
+        "KV pool capped at what the batch can use",
+        blocks=cap,
+        fit_in_memory=fits,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        prefix_cache_factor=PREFIX_CACHE_FACTOR,
+    )
+    return cap
 
 
 def allocate_kv_pool(

@@ -17,12 +17,12 @@ from typing import Any, cast
 import structlog
 
 from engine.attention import get_attention_backend
-from engine.config import EngineConfig, SchedulerConfig
+from engine.config import EngineConfig, SchedulerConfig, check_backend_block_size
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.detokenizer import Decoder, TextStream
-from engine.device import resolve_device
+from engine.device import DeviceBinding, resolve_device
 from engine.distributed.group import TPGroup
 from engine.distributed.rank_model import (
     agree_num_blocks,
@@ -36,7 +36,7 @@ from engine.kv_cache import allocate_kv_pool
 from engine.model_runner import ModelRunner
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
-from engine.sampler import Sampler
+from engine.sampling.make_sampler import make_sampler
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import GrammarMaskingSampler
 from engine.structured.manager import StructuredOutputManager
@@ -64,10 +64,13 @@ class LLMEngine:
         if config.enable_cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"enable_cuda_graphs needs a CUDA device; this engine runs on {self.device}")
         self.attention_backend = get_attention_backend(config.attention_backend, self.device)
+        check_backend_block_size(config.block_size, self.attention_backend.name)
         # Tensor parallelism: ranks 1..N-1 start loading while this process loads rank 0's shard.
         if config.tensor_parallel_size > 1:
             rank_device(self.device, config.tensor_parallel_size - 1)  # refuses more ranks than GPUs
             self.device = rank_device(self.device, 0)  # "cuda" -> "cuda:0": rank r is on cuda:r
+        # This thread's current CUDA device, before the weights load (rank 0's join thread sets only its own).
+        DeviceBinding(self.device).bind()
         self.ranks = RankProcesses(config, self.device) if config.tensor_parallel_size > 1 else None
         if self.ranks is not None:  # an engine dropped without close() still stops its ranks
             weakref.finalize(self, self.ranks.close)
@@ -103,7 +106,9 @@ class LLMEngine:
             self.device,
             self.attention_backend,
             GrammarMaskingSampler(
-                Sampler(self.spec.vocab_size, self.eos_token_ids), self.structured.rows, self.spec.vocab_size
+                make_sampler(self.spec.vocab_size, self.eos_token_ids, self.device),
+                self.structured.rows,
+                self.spec.vocab_size,
             ),
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

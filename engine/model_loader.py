@@ -19,6 +19,7 @@ from engine.device import resolve_device
 from engine.distributed.group import TPGroup
 from engine.distributed.layers import LoadsSlices, SliceSource, source_shape
 from engine.distributed.partition import check_model_splits, even_span, kv_heads_per_rank
+from engine.dtype_rules import resolve_dtype
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import _dtype, _ids
 from engine.models.registry import is_native
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from engine.models.generic.model import TransformersCausalLM
 
 MODEL_IMPLS = ("auto", "native", "transformers")
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -67,19 +66,6 @@ def resolve_model_dir(model: str | Path) -> Path:
         raise FileNotFoundError(
             f"{model!r} is not a local folder and could not be fetched from the hub ({type(e).__name__}: {e})"
         ) from e
-
-
-def resolve_dtype(
-    dtype: str | torch.dtype, checkpoint_dtype: torch.dtype | None, device: torch.device
-) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        # The checkpoint's dtype on CUDA; float32 on the CPU (bf16/fp16 matmuls there are slow or inexact).
-        return (checkpoint_dtype or torch.float16) if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {dtype!r}")
-    return _DTYPES[dtype]
 
 
 def read_eos_ids(model_dir: Path, config_eos: tuple[int, ...]) -> frozenset[int]:
@@ -187,6 +173,7 @@ def load_model(
     with torch.device("meta"):
         net = build_model(args, tp).to(torch_dtype)
     net = net.to_empty(device=device)
+    net.sliced_lm_head = device.type == "cpu"
     if args.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
     load_weights(net, model_dir)

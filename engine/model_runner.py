@@ -20,13 +20,16 @@ from engine.attention.metadata import AttentionMetadata
 from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.cuda_graphs import CudaGraphs, batch_buckets, bucket_for
+from engine.device import DeviceBinding
 from engine.distributed.step_message import StepInputs
 from engine.input_batch import InputBatch
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
+from engine.models.generic.checks import refuse_cuda_graphs
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import Sampler, TokenSampler
+from engine.sampler import TokenSampler
+from engine.sampling.make_sampler import make_sampler
 
 if TYPE_CHECKING:  # rank_processes spawns rank_process, which imports this module
     from engine.distributed.rank_processes import RankProcesses
@@ -50,7 +53,7 @@ class ModelRunner:
         ranks: RankProcesses | None = None,
     ) -> None:
         """kv_pool: the pool tensor from `engine.kv_cache.allocate_kv_pool`, or a block count to allocate.
-        backend: replaces the model's attention backend when given. sampler: None -> engine.sampler.Sampler.
+        backend: replaces the model's attention backend when given. sampler: None -> make_sampler for the device.
         The max_* sizes preallocate the step buffers (they grow if exceeded, unless graphs are captured).
         enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only).
         ranks: on rank 0 of a tensor-parallel group, the other ranks, sent every step before it runs here."""
@@ -59,6 +62,9 @@ class ModelRunner:
         self.model, self.spec, self.block_size = model, spec, block_size
         self.ranks = ranks
         self.device = torch.device(device)
+        # Before anything runs on the device here (graph capture included), and again per stepping thread.
+        self._binding = DeviceBinding(self.device)
+        self._binding.bind()
         if backend is not None:
             model.attn_backend = backend
         if isinstance(kv_pool, int):
@@ -70,7 +76,9 @@ class ModelRunner:
         self.num_blocks = kv_pool.shape[2]
         self.kv_caches = layer_views(kv_pool)
         self.sampler = (
-            sampler if sampler is not None else Sampler(spec.vocab_size, frozenset(spec.eos_token_ids))
+            sampler
+            if sampler is not None
+            else make_sampler(spec.vocab_size, frozenset(spec.eos_token_ids), self.device)
         )
         self.buckets = batch_buckets(max_num_seqs)
         max_blocks = -(-max_model_len // block_size)
@@ -80,6 +88,8 @@ class ModelRunner:
         # Pad decode-only steps to a bucket (CUDA graphs need it; tests turn it on alone on the CPU).
         self.pad_decode_batches = enable_cuda_graphs
         self.graphs: CudaGraphs | None = None
+        if enable_cuda_graphs and isinstance(model, TransformersCausalLM):
+            refuse_cuda_graphs(model.hf.config)  # before anything is captured
         if enable_cuda_graphs:
             self.graphs = CudaGraphs(model, self.kv_caches, self.batch, self.buckets, max_model_len)
             self.graphs.capture()
@@ -89,6 +99,7 @@ class ModelRunner:
 
     def execute(self, sched_out: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
         t0 = time.perf_counter()
+        self._binding.bind()
         if sched_out.is_empty:
             empty = self.batch.buffers.input_ids[:0]
             self._run(StepInputs(empty, empty, None, empty, sched_out.block_copies))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -18,18 +19,21 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def check(cond: bool, msg: str) -> None:
+def check(cond: bool, msg: str | Callable[[], str]) -> None:
+    """Raise ValueError(msg) unless cond. A message that formats values is passed as a lambda, built only on
+    failure: launchers run these on every call, per layer (f-strings built eagerly cost ~26 us per layer)."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg if isinstance(msg, str) else msg())
 
 
 def check_cache(name: str, cache: torch.Tensor) -> None:
     """k/v cache: [num_blocks, block_size, num_kv_heads, head_dim], last dim contiguous."""
     check(
         cache.dim() == 4,
-        f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(cache.shape)}",
+        lambda: f"{name} must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(cache.shape)}",
     )
-    check(cache.dtype in FLOAT_DTYPES, f"{name} dtype must be fp16/bf16/fp32, got {cache.dtype}")
+    check(cache.dtype in FLOAT_DTYPES, lambda: f"{name} dtype must be fp16/bf16/fp32, got {cache.dtype}")
     check(
-        cache.stride(3) == 1, f"{name} last dim (head_dim) must be contiguous, got strides {cache.stride()}"
+        cache.stride(3) == 1,
+        lambda: f"{name} last dim (head_dim) must be contiguous, got strides {cache.stride()}",
     )

@@ -33,6 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 
+from kernels.block_sizes import TRITON_BLOCK_SIZES
+
 # Maximum shared memory per thread block (opt-in, bytes), from the CUDA C++ Programming Guide,
 # "Technical Specifications per Compute Capability": 163 KB for 8.0, 99 KB for 8.6 / 8.9, 227 KB for 9.0.
 SHARED_MEM_PER_BLOCK = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -40,7 +42,7 @@ TARGET_NAMES = {80: "A100", 89: "L4 / L40S / RTX 4090", 90: "H100 / H200"}
 
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_SIZES = (64, 80, 96, 128, 256)
-BLOCK_SIZES = (16, 32, 64, 128)  # EngineConfig accepts 8 too, which the Triton launchers refuse
+BLOCK_SIZES = TRITON_BLOCK_SIZES  # 8 is the torch backend's only
 # Query heads per KV head. The launchers derive tile shapes from the ratio: paged_attention packs
 # GROUP_P = next_pow2(ratio) heads with BLOCK_Q tokens into >= 16 rows; the split decode uses
 # BLOCK_M = max(16, next_pow2(ratio)). These cover every GROUP_P from 1 to 16, with a ratio that is not
@@ -54,7 +56,7 @@ KV_HEADS = (1, 2, 4, 8, 16, 32, 64)
 # Step kinds: a pure decode (one-launch kernel, BLOCK_Q for one token), prefills whose longest chunk
 # makes the launcher pick each BLOCK_Q it can (16, 32, 64 rows), and split-KV decodes.
 PREFILL_QUERY_LENS = (2, 17, 33)
-SPLITS = (2, 64)  # SPLITS is a constexpr; 64 (the cap) gives the reduce kernel its largest tile
+SPLITS = (2, 64)  # a runtime argument (one compile for every count); both values still launched
 
 _DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 

@@ -55,26 +55,31 @@ def _write_kv_kernel(
 def _validate(key, value, k_cache, v_cache, slot_mapping) -> None:
     check_cache("k_cache", k_cache)
     check_cache("v_cache", v_cache)
-    check(k_cache.shape == v_cache.shape, f"k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}")
+    check(
+        k_cache.shape == v_cache.shape,
+        lambda: f"k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}",
+    )
     check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must have the same strides")
-    check(key.dim() == 3, f"key must be [num_tokens, num_kv_heads, head_dim], got {tuple(key.shape)}")
-    check(key.shape == value.shape, f"key {tuple(key.shape)} != value {tuple(value.shape)}")
+    check(key.dim() == 3, lambda: f"key must be [num_tokens, num_kv_heads, head_dim], got {tuple(key.shape)}")
+    check(key.shape == value.shape, lambda: f"key {tuple(key.shape)} != value {tuple(value.shape)}")
     check(
         key.shape[1:] == k_cache.shape[2:],
-        f"key heads/head_dim {tuple(key.shape[1:])} != cache {tuple(k_cache.shape[2:])}",
+        lambda: f"key heads/head_dim {tuple(key.shape[1:])} != cache {tuple(k_cache.shape[2:])}",
     )
     check(
         key.dtype == value.dtype == k_cache.dtype == v_cache.dtype,
-        f"dtypes differ: key {key.dtype}, value {value.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}",
+        lambda: (
+            f"dtypes differ: key {key.dtype}, value {value.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}"
+        ),
     )
     check(key.stride(2) == 1 and value.stride(2) == 1, "key/value head_dim must be contiguous")
-    check(slot_mapping.dtype == torch.int64, f"slot_mapping must be int64, got {slot_mapping.dtype}")
+    check(slot_mapping.dtype == torch.int64, lambda: f"slot_mapping must be int64, got {slot_mapping.dtype}")
     check(
         slot_mapping.dim() == 1 and slot_mapping.shape[0] == key.shape[0],
-        f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}",
+        lambda: f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}",
     )
     devices = {t.device for t in (key, value, k_cache, v_cache, slot_mapping)}
-    check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    check(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
 
 
 def write_kv(

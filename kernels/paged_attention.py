@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_cache, interpreting, next_pow2
+from kernels.block_sizes import TRITON_BLOCK_SIZES
 
 LOG2E = 1.4426950408889634
 # Loop to a host-side bound with masked tiles when interpreting: triton 3.6 + numpy 2.4 cannot run an
@@ -153,16 +154,22 @@ def validate_attention_args(
     """Check every argument shared by the paged attention launchers; return `out`, allocated if None."""
     check_cache("k_cache", k_cache)
     check_cache("v_cache", v_cache)
-    check(k_cache.shape == v_cache.shape, f"k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}")
+    check(
+        k_cache.shape == v_cache.shape,
+        lambda: f"k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}",
+    )
     check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must have the same strides")
-    check(query.dim() == 3, f"query must be [num_tokens, num_q_heads, head_dim], got {tuple(query.shape)}")
+    check(
+        query.dim() == 3,
+        lambda: f"query must be [num_tokens, num_q_heads, head_dim], got {tuple(query.shape)}",
+    )
     check(query.stride(2) == 1, "query head_dim must be contiguous")
-    check(query.dtype == k_cache.dtype, f"query dtype {query.dtype} != cache dtype {k_cache.dtype}")
+    check(query.dtype == k_cache.dtype, lambda: f"query dtype {query.dtype} != cache dtype {k_cache.dtype}")
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    check(query.shape[2] == head_dim, f"query head_dim {query.shape[2]} != cache head_dim {head_dim}")
+    check(query.shape[2] == head_dim, lambda: f"query head_dim {query.shape[2]} != cache head_dim {head_dim}")
     check(
         query.shape[1] % num_kv_heads == 0,
-        f"num_q_heads {query.shape[1]} must be a multiple of num_kv_heads {num_kv_heads}",
+        lambda: f"num_q_heads {query.shape[1]} must be a multiple of num_kv_heads {num_kv_heads}",
     )
     check(
         block_tables.dtype == torch.int32 and block_tables.dim() == 2,
@@ -171,16 +178,23 @@ def validate_attention_args(
     check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     check(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1, "seq_lens must be int32 [S]")
     check(block_tables.shape[0] == seq_lens.shape[0], "block_tables and seq_lens disagree on num_seqs")
+    # The engine's sizes are TRITON_BLOCK_SIZES (EngineConfig refuses others); the kernels compile for any
+    # power of two from the smallest of them (kernels/compile_check.py probes larger ones).
+    block_size = k_cache.shape[1]
     check(
-        k_cache.shape[1] >= 16 and k_cache.shape[1] == next_pow2(k_cache.shape[1]),
-        "block_size must be a power of two >= 16",
+        block_size >= TRITON_BLOCK_SIZES[0] and block_size == next_pow2(block_size),
+        lambda: (
+            f"block_size must be one of {TRITON_BLOCK_SIZES} (or a larger power of two), got {block_size}"
+        ),
     )
     devices = {t.device for t in (query, k_cache, v_cache, block_tables, seq_lens)}
-    check(len(devices) == 1, f"all tensors must be on one device, got {devices}")
+    check(len(devices) == 1, lambda: f"all tensors must be on one device, got {devices}")
     block_size = k_cache.shape[1]
     check(
         block_tables.shape[1] * block_size >= max_seq_len,
-        f"block_tables width {block_tables.shape[1]} x block_size {block_size} < max_seq_len {max_seq_len}",
+        lambda: (
+            f"block_tables width {block_tables.shape[1]} x block_size {block_size} < max_seq_len {max_seq_len}"
+        ),
     )
     if out is None:
         out = torch.empty_like(query)
@@ -194,9 +208,9 @@ def options(scale: float, window: int | None, softcap: float | None) -> tuple[fl
     """Validate the window/softcap options; return the kernels' (qk_scale, softcap_log2, window) args."""
     check(
         window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= 1),
-        f"window must be None or an int >= 1, got {window!r}",
+        lambda: f"window must be None or an int >= 1, got {window!r}",
     )
-    check(softcap is None or softcap > 0, f"softcap must be None or > 0, got {softcap!r}")
+    check(softcap is None or softcap > 0, lambda: f"softcap must be None or > 0, got {softcap!r}")
     if softcap is None:
         return scale * LOG2E, 0.0, window or 0
     return scale / softcap, softcap * LOG2E, window or 0
@@ -239,7 +253,7 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     check(
         query_start_loc.dtype == torch.int32 and query_start_loc.shape == (num_seqs + 1,),
-        f"query_start_loc must be int32 [{num_seqs + 1}]",
+        lambda: f"query_start_loc must be int32 [{num_seqs + 1}]",
     )
     block_size = k_cache.shape[1]
     if num_seqs == 0 or max_query_len == 0:

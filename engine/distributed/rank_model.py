@@ -13,7 +13,7 @@ import torch.distributed as dist
 from engine.attention.backend import AttentionBackend
 from engine.config import EngineConfig
 from engine.distributed.group import TPGroup
-from engine.kv_cache import num_blocks_for_budget
+from engine.kv_cache import capped_num_blocks, num_blocks_for_budget
 from engine.model_loader import ModelSpec, load_model
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
@@ -36,10 +36,13 @@ def load_rank_model(
 
 
 def rank_num_blocks(config: EngineConfig, spec: ModelSpec, device: torch.device) -> int:
-    """How many KV blocks fit on this rank (its own heads), before the ranks agree."""
-    return config.num_kv_blocks or num_blocks_for_budget(
-        spec, config.block_size, device, config.kv_cache_memory
-    )
+    """How many KV blocks this rank's pool gets (its own heads), before the ranks agree: num_kv_blocks as
+    given, else what fits in the budget, capped at what the batch can use (`kv_cache.capped_num_blocks`)."""
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    fits = num_blocks_for_budget(spec, config.block_size, device, config.kv_cache_memory)
+    max_model_len = config.max_model_len or spec.max_position_embeddings
+    return capped_num_blocks(fits, config.max_num_seqs, max_model_len, config.block_size)
 
 
 def agree_num_blocks(group: TPGroup, num_blocks: int, device: torch.device) -> int:

@@ -104,6 +104,9 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary = Rotary(args)
         self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, self.tp)
+        # The LM head's form, chosen when the model is placed (model_loader), not per call: the sliced
+        # matmul is for the host's caches; a GPU takes one F.linear.
+        self.sliced_lm_head = True
         if args.tie_word_embeddings:  # same row split, so each rank's head is its embedding shard
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -129,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
         A collective under tensor parallelism: every rank must call it with the same rows. Only the rows
         that are sampled reach here (the runner picks them), so R is the batch, not T."""
         weight = self.lm_head.weight  # [padded_vocab / size, hidden]: this rank's vocabulary rows
-        if hidden.device.type == "cpu" and hidden.shape[0] >= LM_HEAD_SLICE_MIN_ROWS:
+        if self.sliced_lm_head and hidden.shape[0] >= LM_HEAD_SLICE_MIN_ROWS:
             local = sliced_linear(hidden, weight, LM_HEAD_SLICE)
         else:
             local = F.linear(hidden, weight)

@@ -35,13 +35,19 @@ def sample_by_cdf(weights: torch.Tensor, seeds: np.ndarray, block: int = 64) -> 
 
     Two levels, so that only one pass reads the whole row: the cumulative sum of block sums picks the block
     ([R, V / b] float64), then the cumulative sum inside that block picks the token ([R, b])."""
+    u = torch.from_numpy(row_uniforms(seeds))  # [R] float64
+    return sample_by_uniform(weights, u, block)
+
+
+def sample_by_uniform(weights: torch.Tensor, u: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """`sample_by_cdf` with the rows' uniforms u [R] float64 in [0, 1) given (host or device): no host read."""
     rows, width = weights.shape
     num_blocks = -(-width // block)
     if num_blocks * block != width:  # pad the last block with zero weights (never drawn)
         weights = torch.nn.functional.pad(weights, (0, num_blocks * block - width))
     blocks = weights.view(rows, num_blocks, block)  # [R, m, b]
     cdf = torch.cumsum(blocks.sum(dim=-1, dtype=torch.float64), dim=-1)  # [R, m]
-    u = torch.from_numpy(row_uniforms(seeds)).to(cdf.device)  # [R]
+    u = u.to(cdf.device)  # [R]
     target = (u * cdf[:, -1])[:, None]  # [R, 1], < the row's mass
     # The first block whose cumulative weight exceeds the target: its own weight is > 0.
     b = torch.searchsorted(cdf, target, right=True).clamp(max=num_blocks - 1)  # [R, 1]

@@ -17,8 +17,8 @@ whatever the distribution: when the large logits crowd into a few blocks (low to
 ones in BPE vocabularies), thr alone is weak. torch's topk then picks k of the 8k.
 
 The result equals `torch.topk(x, k)` (values sorted descending, ties in ascending id order; the same ids
-unless values tie at v_k, where either choice is a valid top-k). Off the CPU, or when the row is too short
-to gain, torch's topk.
+unless values tie at v_k, where either choice is a valid top-k). When the row is too short to gain, torch's
+topk. Host tensors only: the device path (`engine.sampling.device_sampler`) is chosen when the sampler is built.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _SUB_BLOCK = 8
 
 def topk_rows(x: torch.Tensor, k: int, block: int = _BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [R, V] float32 -> (values [R, k] float32 sorted descending, ids [R, k] int64), like torch.topk."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[1] // block < 4 * k or x.shape[0] == 0:
+    if x.dtype != torch.float32 or x.shape[1] // block < 4 * k or x.shape[0] == 0:
         return x.topk(k, dim=-1)
     values, ids, _ = topk_candidates(x, k, block)
     return top_sorted(values, ids, k)

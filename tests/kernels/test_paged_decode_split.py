@@ -1,6 +1,9 @@
+import inspect
+
 import pytest
 import torch
 
+import kernels.paged_decode_split as pds
 from kernels.paged_attention import paged_attention_ref
 from kernels.paged_decode_split import MAX_SPLITS, MIN_TOKENS_PER_SPLIT, choose_num_splits, paged_decode_split
 from tests.helpers.paged_batch import assert_close, make_batch
@@ -65,3 +68,30 @@ def test_real_sizes_cuda(dtype, head_dim, block_size):
         batch.max_seq_len, head_dim**-0.5, splits,
     )  # fmt: skip
     assert_close(out, paged_attention_ref(*batch.attention_args(head_dim**-0.5)))
+
+
+@pytest.mark.parametrize("from_arg", [True, False])
+@pytest.mark.parametrize("window", [None, 40])
+def test_launch_sized_for_max_model_len_walks_each_sequences_own_tiles(monkeypatch, from_arg, window):
+    # A CUDA graph's launch: max_seq_len (and the block-table width) for the longest context the graph
+    # serves, the sequences far shorter. Each program's trip count comes from its own seq_len (compiled),
+    # or a host bound with the extra tiles masked (interpreted): both must give the reference.
+    monkeypatch.setattr(pds, "LOOP_BOUND_FROM_ARG", from_arg)
+    s_lens = [3, 70, 21]
+    batch = make_batch([1] * len(s_lens), s_lens, 4, 2, 64, 16, F32, seed=3)
+    graph_len = 16 * 40
+    tables = torch.zeros(len(s_lens), graph_len // 16, dtype=torch.int32)
+    tables[:, : batch.block_tables.shape[1]] = batch.block_tables
+    out = paged_decode_split(
+        batch.query, batch.k_cache, batch.v_cache, tables, batch.seq_lens, graph_len, 0.125, 4, window=window
+    )
+    want = paged_attention_ref(*batch.attention_args(0.125), window=window)
+    assert_close(out, want)
+
+
+def test_the_split_count_is_a_runtime_argument():
+    # A constexpr split count compiled two kernels per new count mid-serving; a runtime one compiles none.
+    for kernel in (pds._decode_partition_kernel, pds._decode_reduce_kernel):
+        params = inspect.signature(kernel.fn).parameters
+        assert "SPLITS" not in params
+        assert "constexpr" not in str(params["num_splits"].annotation)

@@ -94,3 +94,23 @@ def refuse_probe(config: Any, calls: list[ProbeCall], num_layers: int) -> None:
         raise refuse(
             config, f"layers differ in attention shape (heads, kv heads, head dim): {sorted(shapes)}"
         )
+
+
+def is_mixture_of_experts(config: Any) -> bool:
+    """More than one expert per MoE layer (Mixtral's num_local_experts, Qwen-MoE's num_experts, DeepSeek's
+    n_routed_experts)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    names = ("num_local_experts", "num_experts", "n_routed_experts")
+    return any((getattr(text, n, None) or 0) > 1 for n in names)
+
+
+def refuse_cuda_graphs(config: Any) -> None:
+    """CUDA graphs replay a fixed sequence of kernels; transformers' expert routing reads the router's choice
+    back to the host (nonzero(), tolist()), which a capturing stream forbids."""
+    if is_mixture_of_experts(config):
+        raise refuse(
+            config,
+            "enable_cuda_graphs is not supported for mixture-of-experts models on the transformers path "
+            "(their expert routing reads the routing back to the host, which graph capture forbids); "
+            "run without enable_cuda_graphs",
+        )
