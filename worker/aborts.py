@@ -45,7 +45,7 @@ class Aborter:
         ids = list(self.inflight)
         keys = [self.cfg.keys.cancel(i) for i in ids]
 
-        def handle(reply, into: Round) -> None:
+        def handle(reply) -> None:
             if isinstance(reply, Exception):
                 return
             for job_id, value in zip(ids, reply, strict=False):

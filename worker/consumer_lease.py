@@ -43,6 +43,7 @@ class ConsumerLease:
         # Renewed with the heartbeat, which an idle worker sends only between blocking reads of block_ms.
         self.ttl_ms = max(cfg.lease_ms, 3 * cfg.block_ms)
         self.script = Script(_CHECKED)
+        self.owed = False  # a renewal Redis did not run (the script was unknown): sent in the next round
 
     def acquire(self, stop: Waiter) -> None:
         """Take the name, waiting up to one lease for a previous holder's lease to lapse."""
@@ -73,11 +74,16 @@ class ConsumerLease:
             stop.sleep(0.05)
 
     def add_renewal(self, rnd: Round) -> None:
+        self.owed = False
         self.script.add(rnd, [self.key], [self.token, self.ttl_ms], self._renewed)
 
-    def _renewed(self, reply, into: Round) -> None:
+    def add_owed(self, rnd: Round) -> None:
+        if self.owed:
+            self.add_renewal(rnd)
+
+    def _renewed(self, reply) -> None:
         if self.script.unknown(reply):
-            self.add_renewal(into)
+            self.owed = True
         elif reply == 0:
             log.error(
                 "consumer name taken over by another worker while this one was cut off from Redis",

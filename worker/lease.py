@@ -10,19 +10,19 @@ Two marks per job, both renewed by `add_renewal` every lease/3:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 from worker.config import WorkerConfig
-from worker.round import Handler, Round
+from worker.round import Round
 from worker.state import InFlight
 
 
-def add_acquire(rnd: Round, cfg: WorkerConfig, job_id: str, on_result: Handler) -> None:
-    """SET NX ... GET: the handler gets None when we now own the job, else the current owner's name."""
+def acquire(cfg: WorkerConfig, job_id: str) -> Callable[[Any], None]:
+    """SET NX ... GET, for a round: replies None when we now own the job, else the current owner's name."""
     key = cfg.keys.owner(job_id)
-    rnd.add(lambda p: p.set(key, cfg.consumer, nx=True, px=cfg.lease_ms, get=True), on_result)
+    return lambda p: p.set(key, cfg.consumer, nx=True, px=cfg.lease_ms, get=True)
 
 
 def add_renewal(rnd: Round, cfg: WorkerConfig, jobs: Iterable[InFlight]) -> None:

@@ -27,11 +27,11 @@ import structlog
 from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.aborts import Aborter
-from worker.admit import Admitter, Arrived
 from worker.cancel import CancelListener
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff, with_retry
 from worker.consumer_lease import ConsumerLease
+from worker.job_path import JobPath
 from worker.lease import add_release, add_renewal
 from worker.metrics import Metrics
 from worker.observer import Observer
@@ -39,8 +39,9 @@ from worker.publish import Publisher, plan_events
 from worker.reads import Reader
 from worker.reclaim import Reclaimer
 from worker.redis_health import RedisHealth
-from worker.round import Round, Sent
-from worker.state import InFlight
+from worker.redis_io import execute, no_resends
+from worker.round import Round
+from worker.state import Arrived, InFlight
 from worker.stop import IdleStop, StopFlag, StopRequested
 from worker.trim import Trimmer
 
@@ -49,11 +50,9 @@ _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
 
 
 class Step(NamedTuple):
-    """One tick's rounds: `rnd` is sent now; `nxt`, built next, takes its replies' follow-ups and the
-    step's events."""
+    """One tick's round (sent while the engine steps) and what the tick does."""
 
     rnd: Round
-    nxt: Round
     busy: bool  # the engine has work: step it
     reads: int  # new jobs asked for in `rnd`
 
@@ -73,25 +72,23 @@ class Worker:
         observer: Observer | None = None,
         stop: StopFlag | None = None,
     ) -> None:
-        self.engine, self.client, self.cfg = engine, client, cfg
+        self.engine, self.client, self.cfg = engine, no_resends(client), cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
-        self.arrived: list[Arrived] = []  # read, to be admitted in the next round
-        # The next step's round, already holding what the last step's replies and events wrote into it.
-        self.carry = Round()
+        self.arrived: list[Arrived] = []  # READ: looked up in the next round (job_path.py)
         self.cancels = CancelListener(client, cfg.keys.cancel_channel, sharded=cfg.cluster)
         self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
         self.reader = Reader(client, cfg, self.stop, IdleStop(self.stop), self.health)
         self.reclaimer = Reclaimer(cfg)
         self.trimmer = Trimmer(cfg.keys.requests)
         self.consumer_lease = ConsumerLease(client, cfg)
-        self.publisher = Publisher(self.aborter.lost, self._full, sharded_pubsub=cfg.cluster)
-        self.admitter = Admitter(
+        self.path = JobPath(
             cfg, engine, self.inflight.get, self._admitted, self.observer.outcome, self._readmit
         )
+        self.publisher = Publisher(self._lost, self._full, self.path.acknowledged, sharded_pubsub=cfg.cluster)
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
         self.backoff = Backoff()
         self._admitting = 0  # jobs whose admission commands are in flight
@@ -100,6 +97,7 @@ class Worker:
         self._started = False
         self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
         self._refused_for_memory = False  # in the round being dispatched
+        self._events_sampled_at: float | None = None  # of the newest token events owed to Redis
 
     @property
     def metrics(self) -> Metrics:
@@ -133,9 +131,8 @@ class Worker:
         step = self.begin()
         if step is None:
             return
-        sent = self._send(step.rnd)
-        # Redis applies the round while the engine computes; replies are read on the I/O thread.
-        future = self.io.submit(step.rnd.receive, sent) if sent is not None else None
+        # Redis applies the round while the engine computes: it is sent and answered on the I/O thread.
+        future = self.io.submit(execute, self.client, step.rnd) if len(step.rnd) else None
         self.finish(step, future, self.step_engine(step))
 
     # A tick in three parts, so that a sharded worker can send every shard's round of a cycle to each
@@ -155,29 +152,31 @@ class Worker:
             # again what is owed (the refused events, in order, and refused admissions).
             self.stop.sleep(self.backoff.next_delay())
             busy = False
-        rnd, nxt = self._build_round(self.carry, max_reads), Round()
-        self.carry = nxt
-        return Step(rnd, nxt, busy, self._reading)
+        return Step(self._build_round(max_reads), busy, self._reading)
 
     def step_engine(self, step: Step) -> Stepped:
         deltas = self.engine.step() if step.busy else []
         return Stepped(deltas, time.perf_counter(), time.time())
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
-        """The round's replies (from `future`: None when nothing was sent) into the next round, then the
-        step's events."""
+        """The round's replies (from `future`: None when nothing was sent) to the jobs and parts that sent
+        its commands, then the step's events (owed to the next round)."""
         self._refused_for_memory = False
-        step.rnd.dispatch(self._results(step.rnd, future), step.nxt)
+        step.rnd.dispatch(self._results(step.rnd, future))
         self._reading = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
             self.backoff.reset()
-        self._publish(stepped.deltas, step.nxt, stepped.at, stepped.wall)
+        self._publish(stepped.deltas, stepped.at, stepped.wall)
         self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine)
 
     def has_work(self) -> bool:
         """Jobs in flight or read, commands owed to Redis, or a heartbeat due: a round to send."""
-        return bool(self.inflight or self.arrived or len(self.carry) or self._heartbeat_due())
+        return bool(self.inflight or self.arrived or self.owes() or self._heartbeat_due())
+
+    def owes(self) -> bool:
+        """Writes decided on replies or produced by a step, not sent yet."""
+        return bool(self.path.owed or self.publisher.owed or self.consumer_lease.owed)
 
     def reserved(self) -> int:
         """Jobs read or being read and not yet added to the engine: room the engine has that is taken."""
@@ -201,14 +200,16 @@ class Worker:
             pending_resumed=len(self.arrived),
         )
 
-    def _build_round(self, rnd: Round, max_reads: int | None = None) -> Round:
+    def _build_round(self, max_reads: int | None = None) -> Round:
+        rnd = Round()
+        self._add_owed(rnd)
         draining, full = self.stop.warm.is_set(), self.health.is_full
         self._admitting = 0
         if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
             self.arrived = []
         else:  # (Redis full: refused again and kept for the next try, see _readmit)
             for arrived in self.arrived:
-                self.admitter.add(rnd, arrived)
+                self.path.look_up(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
         free = 0 if draining or full else self.room()
         room = free if max_reads is None else min(free, max_reads)
@@ -230,15 +231,16 @@ class Worker:
         self.aborter.add_key_check(rnd)
         return rnd
 
+    def _add_owed(self, rnd: Round) -> None:
+        """What the last round's replies and the last step decided to write: decisions on jobs, then the
+        step's events (after any sent again), then a lease renewal Redis did not run."""
+        self.path.add_owed(rnd)
+        self.publisher.add_owed(rnd)
+        self.consumer_lease.add_owed(rnd)
+        rnd.sampled_at, self._events_sampled_at = self._events_sampled_at, None
+
     def _heartbeat_due(self) -> bool:
         return time.monotonic() - self._last_heartbeat >= self.cfg.heartbeat_s
-
-    def _send(self, rnd: Round) -> Sent | None:
-        if not len(rnd):
-            return None
-        return with_retry(
-            lambda: rnd.send(self.client), "sending a round", self.stop, self.backoff, self.health
-        )
 
     def _results(self, rnd: Round, future: Future | None) -> list:
         if future is None:
@@ -253,7 +255,7 @@ class Worker:
             else:
                 log.warning("round failed, sending it again", error=str(exc))
             results = with_retry(
-                lambda: rnd.execute(self.client), "step round", self.stop, self.backoff, self.health
+                lambda: execute(self.client, rnd), "step round", self.stop, self.backoff, self.health
             )
         if rnd.sampled_at is not None and rnd.answered_at is not None:
             # Read on the I/O thread while the engine stepped: not when this loop got to look at it.
@@ -300,8 +302,12 @@ class Worker:
         log.debug("job admitted", request_id=job.job_id)
         self.aborter.on_admitted(job)
 
+    def _lost(self, job: InFlight) -> None:
+        self.path.left(job)
+        self.aborter.lost(job)
+
     def _add_queue_depth(self, rnd: Round) -> None:
-        def handle(reply, into: Round) -> None:
+        def handle(reply) -> None:
             if isinstance(reply, Exception):
                 return
             for group in reply:
@@ -311,7 +317,7 @@ class Worker:
         rnd.add(lambda p: p.xinfo_groups(self.cfg.keys.requests), handle)
 
     # ---- publish --------------------------------------------------------------------------------------
-    def _publish(self, deltas, into: Round, sampled_at: float, sampled_wall: float) -> None:
+    def _publish(self, deltas, sampled_at: float, sampled_wall: float) -> None:
         if not deltas:
             return
         now_ms = time.time() * 1000
@@ -323,11 +329,12 @@ class Worker:
         for trace in plan.traces:
             self.observer.token_event(trace)
         if plan.has_tokens:
-            into.sampled_at = sampled_at
+            self._events_sampled_at = sampled_at
         for job in plan.done:
             del self.inflight[job.job_id]
+            self.path.finish(job)
             self.observer.finished(job, now_ms)
-        self.publisher.add(into, plan.batch)
+        self.publisher.queue(plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------
     def forget_jobs(self) -> set[str]:
@@ -337,7 +344,10 @@ class Worker:
         they have left it, as a worker restarted under the same name would."""
         aborted = {job.job_id for job in self.inflight.values() if self.engine.abort(job.job_id)}
         self.inflight.clear()
-        self.arrived, self.carry, self._admitting, self._reading = [], Round(), 0, 0
+        self.arrived, self._admitting, self._reading = [], 0, 0
+        self.path.owed.clear()
+        self.publisher.owed.clear()
+        self.consumer_lease.owed = False
         self.backoff.reset()
         for script in (self.publisher.script, self.trimmer.script, self.consumer_lease.script):
             script.loaded = False  # the new master may not have them
@@ -355,13 +365,14 @@ class Worker:
         left = [j for j in self.inflight.values() if not j.dropped]
         # Events already produced are written; unfinished jobs stay unacknowledged for another worker,
         # and their owner keys go so it need not wait for them to expire.
-        rnd, self.carry = self.carry, Round()
+        rnd = Round()
+        self._add_owed(rnd)
         for job in left:
             add_release(rnd, self.cfg, job.job_id)
         if self._started and not self.stop.cold.is_set() and not self._redis_lost:
             try:
                 if len(rnd):
-                    rnd.execute(self.client)
+                    execute(self.client, rnd)
                 self.consumer_lease.release()
             except _REDIS_FAILURES as exc:
                 log.warning("could not write the last round", error=str(exc))

@@ -171,34 +171,49 @@ def plan_events(
 
 
 class Publisher:
-    """Adds batches to rounds; writes refused for lack of memory again later; drops the jobs whose writes
-    another worker's events refused."""
+    """Puts each step's batch into the next round; keeps what Redis did not write for lack of memory (or
+    for want of the script) to put in the round after; drops the jobs whose writes another worker's
+    events refused; reports a terminal event written (its XACK with it) as acknowledged."""
 
     def __init__(
         self,
         on_lost: Callable[[InFlight], None],
         on_full: Callable[[str], None],
+        on_acked: Callable[[InFlight], None],
         sharded_pubsub: bool = False,
     ) -> None:
         # Redis Cluster: SPUBLISH stays on the channel's shard; a PUBLISH would be copied to every node.
         self.script = Script(WRITE.replace("'PUBLISH'", "'SPUBLISH'") if sharded_pubsub else WRITE)
-        self.on_lost, self.on_full = on_lost, on_full
+        self.on_lost, self.on_full, self.on_acked = on_lost, on_full, on_acked
+        # Batches for the next round, in order: those sent again first, then the newest step's.
+        self.owed: list[tuple[Batch, bool]] = []
+
+    def queue(self, batch: Batch) -> None:
+        if len(batch):
+            self.owed.append((batch, False))
+
+    def add_owed(self, rnd: Round) -> None:
+        owed, self.owed = self.owed, []
+        for batch, retried in owed:
+            self.add(rnd, batch, retried)
 
     def add(self, rnd: Round, batch: Batch, retried: bool = False) -> None:
         if len(batch):
             keys, args = batch.keys_and_args()
-            self.script.add(rnd, keys, args, lambda r, into: self._check(rnd, batch, r, retried, into))
+            self.script.add(rnd, keys, args, lambda r: self._check(rnd, batch, r, retried))
 
-    def _check(self, rnd: Round, batch: Batch, reply, retried: bool, into: Round) -> None:
+    def _check(self, rnd: Round, batch: Batch, reply, retried: bool) -> None:
         retried = retried or rnd.retried
         if self.script.unknown(reply):  # nothing ran: send it again, with the script, next round
-            self.add(into, batch, retried)
+            self.owed.append((batch, retried))
             return
         results = [reply] * len(batch) if isinstance(reply, Exception) else reply
         again: list[JobWrite] = []
         full = ""
         for write, result in zip(batch.writes, results, strict=True):
             if result == 0:
+                if write.entry:
+                    self.on_acked(write.job)
                 continue
             message = result.decode(errors="replace") if isinstance(result, bytes) else str(result)
             if isinstance(result, redis.OutOfMemoryError) or message.startswith(_OOM):
@@ -207,8 +222,10 @@ class Publisher:
                 continue
             # After a dropped connection the first try may have landed: the conflict is then our own write.
             if retried and _ID_TOO_SMALL in message:
+                if write.entry:
+                    self.on_acked(write.job)
                 continue
             self.on_lost(write.job)
         if again:
             self.on_full(full)
-            self.add(into, Batch(batch.cfg, again), retried)
+            self.owed.append((Batch(batch.cfg, again), retried))

@@ -13,11 +13,12 @@ from typing import Any
 import redis
 import structlog
 
-from worker.admit import Arrived
 from worker.config import WorkerConfig
 from worker.connection import Backoff, Waiter, with_retry
 from worker.redis_health import RedisHealth
+from worker.redis_io import execute_plain
 from worker.round import Round
+from worker.state import Arrived
 
 log = structlog.get_logger("conveyor.worker")
 
@@ -34,7 +35,7 @@ class Reader:
         """XREADGROUP ... > for up to `count` entries; they are appended to `arrived` at dispatch."""
         cfg = self.cfg
 
-        def handle(reply, into: Round) -> None:
+        def handle(reply) -> None:
             if isinstance(reply, Exception):
                 if str(reply).startswith("NOGROUP"):
                     return
@@ -62,18 +63,18 @@ class Reader:
         rnd = Round()
         self.add_new(rnd, count, arrived, block_ms)
 
-        # Blocking reads cannot run inside MULTI; a plain pipeline of one command.
-        def once() -> list:
-            pipe = self.client.pipeline(transaction=False)
-            for args, options in rnd.stack:
-                pipe.execute_command(*args, **options)
-            return pipe.execute(raise_on_error=False)
-
-        # Idle, so any stop request ends the wait: there is nothing to drain.
-        results = with_retry(once, "waiting for jobs", self.idle_stop, self.backoff, self.health)
+        # Blocking reads cannot run inside MULTI: a plain pipeline. Idle, so any stop request ends the
+        # wait: there is nothing to drain.
+        results = with_retry(
+            lambda: execute_plain(self.client, rnd),
+            "waiting for jobs",
+            self.idle_stop,
+            self.backoff,
+            self.health,
+        )
         if any(isinstance(r, redis.ResponseError) and str(r).startswith("NOGROUP") for r in results):
             self.ensure_group()
-        rnd.dispatch(results, Round())
+        rnd.dispatch(results)
 
     def own_pending(self) -> list[Arrived]:
         """A worker restarted under the same name first finishes what is still pending under that name."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from worker.admit import Arrived
 from worker.config import WorkerConfig
 from worker.round import Round
+from worker.state import Arrived
 
 
 class Reclaimer:
@@ -24,7 +24,7 @@ class Reclaimer:
     def add(self, rnd: Round, count: int, on_arrived: Callable[[list[Arrived]], None]) -> None:
         cfg = self.cfg
 
-        def handle(result, into: Round) -> None:
+        def handle(result) -> None:
             if isinstance(result, Exception):  # NOGROUP after a Redis restart: the next read recreates it
                 return
             # [next_start_id, [(id, fields), ...], [deleted ids]]

@@ -7,15 +7,21 @@ from worker.errors import JobError
 from worker.events import error_event
 from worker.keys import EVENT_FIELD
 from worker.lease import add_release
-from worker.round import Round
+from worker.round import Handler, Round
 
 
-def add_ack(rnd: Round, cfg: WorkerConfig, entry_id: bytes) -> None:
-    rnd.add(lambda p: p.xack(cfg.keys.requests, cfg.group, entry_id))
+def add_ack(rnd: Round, cfg: WorkerConfig, entry_id: bytes, on_acked: Handler | None = None) -> None:
+    rnd.add(lambda p: p.xack(cfg.keys.requests, cfg.group, entry_id), on_acked)
 
 
 def add_failure(
-    rnd: Round, cfg: WorkerConfig, entry_id: bytes, error: JobError, raw: bytes | None, owned: bool
+    rnd: Round,
+    cfg: WorkerConfig,
+    entry_id: bytes,
+    error: JobError,
+    raw: bytes | None,
+    owned: bool,
+    on_acked: Handler | None = None,
 ) -> None:
     if error.job_id is not None:
         key = cfg.keys.out(error.job_id)
@@ -34,7 +40,7 @@ def add_failure(
     if error.job_id is not None:
         dead[b"id"] = error.job_id
     rnd.add(lambda p: p.xadd(cfg.keys.dead, dead, maxlen=cfg.dead_maxlen, approximate=True))
-    add_ack(rnd, cfg, entry_id)
+    add_ack(rnd, cfg, entry_id, on_acked)
     if owned and error.job_id is not None:
         add_release(rnd, cfg, error.job_id)
         _forget(rnd, cfg, error.job_id)

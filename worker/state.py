@@ -1,11 +1,36 @@
-"""What the worker remembers about one job it is running."""
+"""What the worker remembers about one job it is running, and the stages of a job's path (job_path.py)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from worker.protocol import Job
+
+
+class Stage(str, enum.Enum):
+    """Where a job is on its path; job_path.py draws them and makes every transition."""
+
+    READ = "read"
+    ADMITTED = "admitted"
+    RESUMED = "resumed"  # admitted with the tokens an earlier attempt published
+    REFUSED = "refused"
+    DUPLICATE = "duplicate"
+    LEFT = "left"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ACKNOWLEDGED = "acknowledged"
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """A READ job: an entry taken from a lane, not looked up yet."""
+
+    entry_id: bytes
+    fields: dict[bytes, bytes] | None  # None: the entry was trimmed away while pending
+    # From our own pending list or XAUTOCLAIM: a live owner elsewhere means "not yet", not "duplicate".
+    reclaimed: bool = False
 
 
 class SampleEnd(NamedTuple):
@@ -29,6 +54,7 @@ class InFlight:
     stop_reason: str | None = None  # "cancel" | "deadline" once aborted by the worker
     ttl_set_at: float | None = None  # time.monotonic() of the output stream's last EXPIRE
     error: str | None = None  # a sample ended in an engine error (its grammar failed): error event, not done
+    stage: Stage = Stage.READ
     dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
 
     @property

@@ -60,7 +60,7 @@ class Trimmer:
         self._last = time.monotonic()
         self.script.add(rnd, [self.stream], [], self._check)
 
-    def _check(self, reply, into: Round) -> None:
+    def _check(self, reply) -> None:
         if self.script.unknown(reply) or isinstance(reply, Exception) or not reply:
             return  # tried again at the next interval
         kept_from, removed = reply

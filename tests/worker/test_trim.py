@@ -7,6 +7,7 @@ import pytest
 from tests.helpers.worker_fakes import FakeEngine, running_worker, wait_until
 from worker.client import collect, enqueue
 from worker.keys import Keys
+from worker.redis_io import execute
 from worker.round import Round
 from worker.trim import Trimmer
 
@@ -17,7 +18,7 @@ K = Keys()
 def trim(r) -> None:
     rnd = Round()
     Trimmer(K.requests).add(rnd)
-    rnd.dispatch(rnd.execute(r), Round())
+    rnd.dispatch(execute(r, rnd))
 
 
 def ids(r) -> list[bytes]:

@@ -1,0 +1,271 @@
+"""A job's path through the worker, from the entry read off its lane to the XACK that ends it.
+
+    READ ──lookups──▶ ADMITTED ─┐                                 (in the engine; its attempt is owed)
+      │               RESUMED ──┴─attempt counted─▶ RUNNING ──last sample ended─▶ FINISHED
+      │                                               │                             │ events script
+      ├────────────▶ REFUSED ─────────────────────────┼── XACK landed ─────────────▶ ACKNOWLEDGED
+      ├────────────▶ DUPLICATE ───────────────────────┘
+      └────────────▶ LEFT       (a live owner elsewhere runs it: stays pending; also a job taken over)
+
+Where each transition happens (this file, unless named):
+- READ: XREADGROUP, own pending entries or XAUTOCLAIM put an `Arrived` in `Worker.arrived` (intake/).
+- READ -> ... : `look_up` adds the job's lookups to the round being built (owner SET NX GET, HGET
+  attempts, XRANGE of its output stream, EXISTS cancel); `_decide` takes the four replies of that round
+  together and moves the job on. A malformed entry is REFUSED by `look_up` itself.
+- ADMITTED | RESUMED -> RUNNING: the HINCRBY attempts owed by `_decide` goes in the next round, which is
+  sent before the step that runs the job, so a crash while running it counts (like arq); its reply
+  moves the job on (`_counted`).
+- RUNNING -> FINISHED: `finish`, called by publish.plan_events when the job's last sample ends.
+- FINISHED -> ACKNOWLEDGED: `acknowledged`, called by the Publisher when the events script wrote the
+  terminal event and its XACK.
+- REFUSED | DUPLICATE -> ACKNOWLEDGED: the reply to the XACK owed by `_decide` (`_acked`).
+
+What a decision owes to Redis is kept in `owed` and added by the loop to the next round it builds: no
+reply handler writes into another round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+import structlog
+from pydantic import ValidationError
+
+from engine.client import EngineClient
+from engine.errors import RequestRejected
+from engine.prompt import Chat, Prompt
+from engine.sampling_params import SamplingParams
+from worker.config import WorkerConfig
+from worker.errors import ErrorCode, JobError
+from worker.intake import parse_entry
+from worker.keys import JOB_FIELD
+from worker.lease import acquire, add_release
+from worker.protocol import Job
+from worker.refuse import add_ack, add_failure
+from worker.rejections import job_error
+from worker.resume import read_resume
+from worker.round import Round
+from worker.state import Arrived, InFlight, Stage
+
+log = structlog.get_logger("conveyor.job")
+
+
+# Called with the job's id (None while a malformed entry has none) or entry id, and its new stage.
+StageListener = Callable[[str | bytes, Stage], None]
+
+
+class JobPath:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        engine: EngineClient,
+        running: Callable[[str], InFlight | None],
+        on_admitted: Callable[[InFlight], None],
+        on_outcome: Callable[[str], None],
+        on_full: Callable[[Arrived, Exception], None],
+    ) -> None:
+        self.cfg, self.engine = cfg, engine
+        self.running = running
+        self.on_admitted, self.on_outcome, self.on_full = on_admitted, on_outcome, on_full
+        self.owed: list[Callable[[Round], None]] = []  # writes decided on replies, for the next round
+        self.on_stage: StageListener = _log_stage
+
+    def add_owed(self, rnd: Round) -> None:
+        owed, self.owed = self.owed, []
+        for add in owed:
+            add(rnd)
+
+    # ---- READ -> ... ------------------------------------------------------------------------------------
+    def look_up(self, rnd: Round, arrived: Arrived) -> None:
+        cfg = self.cfg
+        if arrived.fields is None:  # trimmed away while pending: nothing to run or to answer
+            add_ack(rnd, cfg, arrived.entry_id)
+            return
+        raw = arrived.fields.get(JOB_FIELD)
+        try:
+            job = parse_entry(arrived.fields, cfg.limits)
+        except JobError as error:
+            self._refuse(rnd, arrived, error, raw, owned=False)
+            return
+        except Exception as exc:  # a parser corner case must not take the worker down
+            log.exception("unexpected error parsing a job")
+            self._refuse(
+                rnd, arrived, JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}"), raw, owned=False
+            )
+            return
+        out, cancel = cfg.keys.out(job.id), cfg.keys.cancel(job.id)
+        rnd.add_group(
+            [
+                acquire(cfg, job.id),
+                lambda p: p.hget(cfg.keys.attempts, job.id),
+                lambda p: p.xrange(out, count=cfg.stream_maxlen),
+                lambda p: p.exists(cancel),
+            ],
+            lambda replies: self._decide(arrived, job, raw, replies),
+        )
+
+    def _decide(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
+        try:
+            self._decide_or_raise(arrived, job, raw, replies)
+        except Exception as exc:  # whatever a client sent, the worker goes on serving
+            log.exception("unexpected error admitting a job", request_id=job.id)
+            error = JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:500], job.id)
+            self.owed.append(lambda rnd: self._refuse(rnd, arrived, error, raw, owned=True))
+
+    def _decide_or_raise(self, arrived: Arrived, job: Job, raw: bytes | None, replies: list) -> None:
+        cfg = self.cfg
+        full = next((r for r in replies if isinstance(r, redis.OutOfMemoryError)), None)
+        if full is not None:  # Redis is full: decide nothing, try again once it has room (stays READ)
+            self.on_full(arrived, full)
+            return
+        owner, started, entries, cancelled = replies
+        local = self.running(job.id)
+        if local is not None or (owner is not None and owner != cfg.consumer.encode()):
+            # Running here or elsewhere. A new entry is a duplicate enqueue; a reclaimed one waits for
+            # that owner's lease to lapse (or for its terminal event). Neither touches the attempt count.
+            if local is None or local.entry_id != arrived.entry_id:
+                if arrived.reclaimed:
+                    self.on_stage(job.id, Stage.LEFT)
+                else:
+                    self._duplicate(arrived, job, forget=False)
+            return
+        if any(isinstance(r, Exception) for r in replies):
+            bad = next(r for r in replies if isinstance(r, Exception))
+            failed = JobError(ErrorCode.INTERNAL, f"redis: {bad}", job.id)
+            self.owed.append(lambda rnd: self._refuse(rnd, arrived, failed, raw, owned=True))
+            return
+        resume = read_resume(entries)
+        if resume.terminal:  # finished before (a re-enqueued id, or a crash between event and ack)
+            self._duplicate(arrived, job, forget=True)
+            return
+        now_ms = time.time() * 1000
+        attempts = int(started or 0) + 1  # duplicates never reach this point
+        error: JobError | None = None
+        if attempts > cfg.max_attempts:
+            error = JobError(ErrorCode.TOO_MANY_ATTEMPTS, f"{attempts - 1} attempts did not finish", job.id)
+        elif job.deadline_ms is not None and job.deadline_ms <= now_ms:
+            error = JobError(ErrorCode.DEADLINE_EXCEEDED, "deadline_ms passed before the job started", job.id)
+        if error is not None:
+            late = error
+            self.owed.append(lambda rnd: self._refuse(rnd, arrived, late, raw, owned=True))
+            return
+        state = InFlight(
+            job=job,
+            entry_id=arrived.entry_id,
+            enqueued_ms=float(arrived.entry_id.split(b"-")[0]),
+            admitted_ms=now_ms,
+            n=job.n or 1,
+            next_seq=resume.next_seq,
+        )
+        # The attempt is counted whether or not the engine takes the job (as before: a refusal by the
+        # engine is one attempt), in the next round, before the step that runs it.
+        self.owed.append(lambda rnd: self._count_attempt(rnd, state))
+        try:
+            self._start(job, resume.prior_lists(job.n or 1))
+        except JobError as exc:
+            refused = exc
+            self.owed.append(lambda rnd: self._refuse(rnd, arrived, refused, raw, owned=True))
+            return
+        state.stage = Stage.RESUMED if resume.prior else Stage.ADMITTED
+        self.on_stage(job.id, state.stage)
+        self.on_admitted(state)
+        if resume.prior:
+            log.info(
+                "job resumed",
+                request_id=job.id,
+                attempt=attempts,
+                prior_tokens=sum(map(len, resume.prior.values())),
+            )
+        if cancelled and self.engine.abort(job.id):
+            state.stop_reason = "cancel"
+
+    def _start(self, job: Job, prior: list[list[int]] | None) -> None:
+        try:
+            params = SamplingParams(**job.sampling_kwargs())
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            where = ".".join(map(str, first["loc"])) or "params"
+            raise JobError(ErrorCode.INVALID_PARAMS, f"{where}: {first['msg']}", job.id) from None
+        try:
+            # The engine templates, tokenizes and checks the prompt's length and any response_format /
+            # structured_outputs (parsed by the grammar engine: invalid_params); the worker never tokenizes.
+            self.engine.add_request(
+                job.id,
+                _prompt(job),
+                params,
+                priority=job.priority,
+                prior_output_token_ids=prior,
+                max_tokens_cap=self.cfg.limits.max_tokens,  # for max_tokens=None (until the context is full)
+            )
+        except RequestRejected as rejected:
+            raise job_error(rejected, job.id) from None
+        except Exception as exc:  # an engine bug must not take the worker down with it
+            log.exception("add_request failed", request_id=job.id)
+            raise JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", job.id) from None
+
+    # ---- ADMITTED | RESUMED -> RUNNING --------------------------------------------------------------
+    def _count_attempt(self, rnd: Round, job: InFlight) -> None:
+        rnd.add(lambda p: p.hincrby(self.cfg.keys.attempts, job.job_id, 1), lambda _: self._counted(job))
+
+    def _counted(self, job: InFlight) -> None:
+        if job.stage in (Stage.ADMITTED, Stage.RESUMED):
+            job.stage = Stage.RUNNING
+            self.on_stage(job.job_id, Stage.RUNNING)
+
+    # ---- RUNNING -> FINISHED -> ACKNOWLEDGED ------------------------------------------------------------
+    def finish(self, job: InFlight) -> None:
+        """Its terminal event is queued; the events script acknowledges the entry once it is written."""
+        job.stage = Stage.FINISHED
+        self.on_stage(job.job_id, Stage.FINISHED)
+
+    def acknowledged(self, job: InFlight) -> None:
+        job.stage = Stage.ACKNOWLEDGED
+        self.on_stage(job.job_id, Stage.ACKNOWLEDGED)
+
+    def left(self, job: InFlight) -> None:
+        """Another worker wrote to its stream first: it runs the job now."""
+        job.stage = Stage.LEFT
+        self.on_stage(job.job_id, Stage.LEFT)
+
+    # ---- REFUSED | DUPLICATE -> ACKNOWLEDGED ----------------------------------------------------------
+    def _duplicate(self, arrived: Arrived, job: Job, forget: bool) -> None:
+        """A second entry of a job that runs or ran: acknowledged unanswered; `forget` its bookkeeping
+        when it finished before."""
+        cfg = self.cfg
+        self.on_stage(job.id, Stage.DUPLICATE)
+        self.on_outcome("duplicate")
+
+        def add(rnd: Round) -> None:
+            add_ack(rnd, cfg, arrived.entry_id, lambda r: self._acked(job.id, r))
+            if forget:
+                add_release(rnd, cfg, job.id)
+                rnd.add(lambda p: p.hdel(cfg.keys.attempts, job.id))
+
+        self.owed.append(add)
+
+    def _refuse(self, rnd: Round, arrived: Arrived, error: JobError, raw: bytes | None, owned: bool) -> None:
+        log.warning("job refused", request_id=error.job_id, code=error.code.value, reason=error.message)
+        name = error.job_id or arrived.entry_id
+        self.on_stage(name, Stage.REFUSED)
+        add_failure(rnd, self.cfg, arrived.entry_id, error, raw, owned, lambda r: self._acked(name, r))
+        self.on_outcome(error.code.value)
+
+    def _acked(self, name: str | bytes, reply) -> None:
+        if not isinstance(reply, Exception):
+            self.on_stage(name, Stage.ACKNOWLEDGED)
+
+
+def _log_stage(name: str | bytes, stage: Stage) -> None:
+    log.debug("job stage", request_id=name, stage=stage.value)
+
+
+def _prompt(job: Job) -> Prompt:
+    """The job's prompt as the engine takes it: token ids, text, or chat messages (exactly one is set)."""
+    if job.prompt_token_ids is not None:
+        return list(job.prompt_token_ids)
+    if job.messages is not None:
+        return Chat([m.model_dump() for m in job.messages])
+    assert job.prompt is not None  # the protocol model requires exactly one of the three
+    return job.prompt
