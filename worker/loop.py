@@ -36,6 +36,7 @@ from worker.lease import add_release, add_renewal
 from worker.metrics import Metrics
 from worker.observer import Observer
 from worker.publish import Publisher, plan_events
+from worker.read_policy import OneLane, ReadPolicy
 from worker.reads import Reader
 from worker.reclaim import Reclaimer
 from worker.redis_health import RedisHealth
@@ -82,6 +83,9 @@ class Worker:
         self.cancels = CancelListener(client, cfg.keys.cancel_channel, sharded=cfg.cluster)
         self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
         self.reader = Reader(client, cfg, self.stop, IdleStop(self.stop), self.health)
+        # This worker's lane is cfg.keys.requests read through cfg.group (lanes.single_stream). A worker
+        # over several lanes runs one Worker per lane and passes each its share (sharded_worker.py).
+        self.policy: ReadPolicy = OneLane()
         self.reclaimer = Reclaimer(cfg)
         self.trimmer = Trimmer(cfg.keys.requests)
         self.consumer_lease = ConsumerLease(client, cfg)
@@ -163,6 +167,8 @@ class Worker:
         its commands, then the step's events (owed to the next round)."""
         self._refused_for_memory = False
         step.rnd.dispatch(self._results(step.rnd, future))
+        if step.reads:
+            self.policy.read_back(0, step.reads, len(self.arrived))
         self._reading = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
@@ -212,7 +218,7 @@ class Worker:
                 self.path.look_up(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
         free = 0 if draining or full else self.room()
-        room = free if max_reads is None else min(free, max_reads)
+        room = self.policy.shares(free)[0] if max_reads is None else min(free, max_reads)
         self._reading = room  # until the replies are dispatched
         if room > 0:
             self.reader.add_new(rnd, room, self.arrived)
