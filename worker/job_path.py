@@ -31,22 +31,18 @@ from collections.abc import Callable
 
 import redis
 import structlog
-from pydantic import ValidationError
 
 from engine.client import EngineClient
-from engine.errors import RequestRejected
-from engine.prompt import Chat, Prompt
-from engine.sampling_params import SamplingParams
 from worker.config import WorkerConfig
+from worker.engine_request import start_in_engine
 from worker.errors import ErrorCode, JobError
+from worker.events import error_event
 from worker.intake import parse_entry
-from worker.keys import JOB_FIELD
-from worker.lease import acquire, add_release
+from worker.keys import EVENT_FIELD, JOB_FIELD
+from worker.lease import add_release
 from worker.protocol import Job
-from worker.refuse import add_ack, add_failure
-from worker.rejections import job_error
 from worker.resume import read_resume
-from worker.round import Round
+from worker.round import Handler, Round
 from worker.state import Arrived, InFlight, Stage
 
 log = structlog.get_logger("conveyor.job")
@@ -95,10 +91,11 @@ class JobPath:
                 rnd, arrived, JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}"), raw, owned=False
             )
             return
-        out, cancel = cfg.keys.out(job.id), cfg.keys.cancel(job.id)
+        owner, out, cancel = cfg.keys.owner(job.id), cfg.keys.out(job.id), cfg.keys.cancel(job.id)
         rnd.add_group(
             [
-                acquire(cfg, job.id),
+                # the owner key (lease.py): None when we now own the job, else the owner's name
+                lambda p: p.set(owner, cfg.consumer, nx=True, px=cfg.lease_ms, get=True),
                 lambda p: p.hget(cfg.keys.attempts, job.id),
                 lambda p: p.xrange(out, count=cfg.stream_maxlen),
                 lambda p: p.exists(cancel),
@@ -163,7 +160,7 @@ class JobPath:
         # engine is one attempt), in the next round, before the step that runs it.
         self.owed.append(lambda rnd: self._count_attempt(rnd, state))
         try:
-            self._start(job, resume.prior_lists(job.n or 1))
+            start_in_engine(self.engine, job, resume.prior_lists(job.n or 1), cfg.limits.max_tokens)
         except JobError as exc:
             refused = exc
             self.owed.append(lambda rnd: self._refuse(rnd, arrived, refused, raw, owned=True))
@@ -180,30 +177,6 @@ class JobPath:
             )
         if cancelled and self.engine.abort(job.id):
             state.stop_reason = "cancel"
-
-    def _start(self, job: Job, prior: list[list[int]] | None) -> None:
-        try:
-            params = SamplingParams(**job.sampling_kwargs())
-        except ValidationError as exc:
-            first = exc.errors(include_url=False, include_input=False)[0]
-            where = ".".join(map(str, first["loc"])) or "params"
-            raise JobError(ErrorCode.INVALID_PARAMS, f"{where}: {first['msg']}", job.id) from None
-        try:
-            # The engine templates, tokenizes and checks the prompt's length and any response_format /
-            # structured_outputs (parsed by the grammar engine: invalid_params); the worker never tokenizes.
-            self.engine.add_request(
-                job.id,
-                _prompt(job),
-                params,
-                priority=job.priority,
-                prior_output_token_ids=prior,
-                max_tokens_cap=self.cfg.limits.max_tokens,  # for max_tokens=None (until the context is full)
-            )
-        except RequestRejected as rejected:
-            raise job_error(rejected, job.id) from None
-        except Exception as exc:  # an engine bug must not take the worker down with it
-            log.exception("add_request failed", request_id=job.id)
-            raise JobError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", job.id) from None
 
     # ---- ADMITTED | RESUMED -> RUNNING --------------------------------------------------------------
     def _count_attempt(self, rnd: Round, job: InFlight) -> None:
@@ -249,23 +222,46 @@ class JobPath:
         log.warning("job refused", request_id=error.job_id, code=error.code.value, reason=error.message)
         name = error.job_id or arrived.entry_id
         self.on_stage(name, Stage.REFUSED)
-        add_failure(rnd, self.cfg, arrived.entry_id, error, raw, owned, lambda r: self._acked(name, r))
+        self._add_failure(rnd, arrived.entry_id, error, raw, owned, lambda r: self._acked(name, r))
         self.on_outcome(error.code.value)
+
+    def _add_failure(
+        self, rnd: Round, entry_id: bytes, error: JobError, raw: bytes | None, owned: bool, on_acked: Handler
+    ) -> None:
+        """An error event (when the job has an id), a dead-letter copy, then the XACK."""
+        cfg = self.cfg
+        if error.job_id is not None:
+            key = cfg.keys.out(error.job_id)
+            payload = error_event(error.code.value, error.message)
+            # An auto id: above any 0-<seq> a previous attempt wrote, and terminal for resume_point.py.
+            rnd.add(lambda p: p.xadd(key, {EVENT_FIELD: payload}, maxlen=cfg.stream_maxlen, approximate=True))
+            rnd.raw(("SPUBLISH" if cfg.cluster else "PUBLISH", key, payload))
+            rnd.add(lambda p: p.expire(key, cfg.stream_ttl_s))
+        dead = {
+            b"entry_id": entry_id,
+            b"code": error.code.value,
+            b"reason": error.message[:2000],
+            b"consumer": cfg.consumer,
+            b"job": (raw or b"")[: cfg.limits.max_payload_bytes],
+        }
+        if error.job_id is not None:
+            dead[b"id"] = error.job_id
+        rnd.add(lambda p: p.xadd(cfg.keys.dead, dead, maxlen=cfg.dead_maxlen, approximate=True))
+        add_ack(rnd, cfg, entry_id, on_acked)
+        if owned and error.job_id is not None:
+            job_id, cancel_key = error.job_id, cfg.keys.cancel(error.job_id)
+            add_release(rnd, cfg, job_id)
+            rnd.add(lambda p: p.hdel(cfg.keys.attempts, job_id))
+            rnd.add(lambda p: p.delete(cancel_key))
 
     def _acked(self, name: str | bytes, reply) -> None:
         if not isinstance(reply, Exception):
             self.on_stage(name, Stage.ACKNOWLEDGED)
 
 
+def add_ack(rnd: Round, cfg: WorkerConfig, entry_id: bytes, on_acked: Handler | None = None) -> None:
+    rnd.add(lambda p: p.xack(cfg.keys.requests, cfg.group, entry_id), on_acked)
+
+
 def _log_stage(name: str | bytes, stage: Stage) -> None:
     log.debug("job stage", request_id=name, stage=stage.value)
-
-
-def _prompt(job: Job) -> Prompt:
-    """The job's prompt as the engine takes it: token ids, text, or chat messages (exactly one is set)."""
-    if job.prompt_token_ids is not None:
-        return list(job.prompt_token_ids)
-    if job.messages is not None:
-        return Chat([m.model_dump() for m in job.messages])
-    assert job.prompt is not None  # the protocol model requires exactly one of the three
-    return job.prompt

@@ -5,24 +5,18 @@ Two marks per job, both renewed by `add_renewal` every lease/3:
 - the entry's idle time in the group's pending list, reset with XCLAIM ... JUSTID (which does not count
   a delivery); XAUTOCLAIM elsewhere takes entries idle longer than the lease (see reclaim.py);
 - the owner key `<prefix>:owner:<id>` = consumer name, expiring with the lease, so enqueuing an id that
-  is running does not start a second generation (`add_acquire`).
+  is running does not start a second generation (taken with SET NX in the job's lookups, job_path.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
 from worker.config import WorkerConfig
 from worker.round import Round
 from worker.state import InFlight
-
-
-def acquire(cfg: WorkerConfig, job_id: str) -> Callable[[Any], None]:
-    """SET NX ... GET, for a round: replies None when we now own the job, else the current owner's name."""
-    key = cfg.keys.owner(job_id)
-    return lambda p: p.set(key, cfg.consumer, nx=True, px=cfg.lease_ms, get=True)
 
 
 def add_renewal(rnd: Round, cfg: WorkerConfig, jobs: Iterable[InFlight]) -> None:
