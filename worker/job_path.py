@@ -12,9 +12,9 @@ Where each transition happens (this file, unless named):
 - READ -> ... : `look_up` adds the job's lookups to the round being built (owner SET NX GET, HGET
   attempts, XRANGE of its output stream, EXISTS cancel); `_decide` takes the four replies of that round
   together and moves the job on. A malformed entry is REFUSED by `look_up` itself.
-- ADMITTED | RESUMED -> RUNNING: the HINCRBY attempts owed by `_decide` goes in the next round, which is
-  sent before the step that runs the job, so a crash while running it counts (like arq); its reply
-  moves the job on (`_counted`).
+- ADMITTED | RESUMED -> RUNNING: the HINCRBY attempts owed by `_decide` goes in the next round, which
+  the loop has answered before the step that runs the job (`Round.before_step`: that step waits one
+  round trip), so a crash while running it counts (like arq); its reply moves the job on (`_counted`).
 - RUNNING -> FINISHED: `finish`, called by publish.plan_events when the job's last sample ends.
 - FINISHED -> ACKNOWLEDGED: `acknowledged`, called by the Publisher when the events script wrote the
   terminal event and its XACK.
@@ -180,6 +180,7 @@ class JobPath:
 
     # ---- ADMITTED | RESUMED -> RUNNING --------------------------------------------------------------
     def _count_attempt(self, rnd: Round, job: InFlight) -> None:
+        rnd.before_step = True
         rnd.add(lambda p: p.hincrby(self.cfg.keys.attempts, job.job_id, 1), lambda _: self._counted(job))
 
     def _counted(self, job: InFlight) -> None:

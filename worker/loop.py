@@ -2,15 +2,18 @@
 
     while running:
         abort cancelled and overdue jobs                          (aborts.py, in memory)
-        build this step's round: what the last step left in it (events, acks, admissions' follow-ups),
-            admissions (admit.py), new reads (reads.py), leases (lease.py, consumer_lease.py),
-            reclaims (reclaim.py), trimming (trim.py), cancel keys
-        run the round on the I/O thread  ||  engine.step()         (the engine never waits on Redis)
-        dispatch the round's replies into the next round, then the step's events (publish.py)
+        build this step's round: what the last round's replies and step owe (job_path.py: attempt
+            counts, refusals, acks; publish.py: events), the lookups of jobs read (job_path.py), new
+            reads for this lane's share of the room (reads.py, read_policy.py), leases (lease.py,
+            consumer_lease.py), reclaims (reclaim.py), trimming (trim.py), cancel keys
+        the round on the I/O thread (redis_io.py)  ||  engine.step()   (the engine never waits on Redis,
+            except for a round that counts an attempt: answered before the step that runs the job)
+        the replies to whoever sent each command (jobs move on a stage), then the step's events
 
-An idle engine blocks in XREADGROUP instead (Reader.wait). Redis unreachable or full: the round is sent
-again with back-off until it goes through (connection.py), nothing is admitted meanwhile, and a stop
-request still ends the loop within the drain timeout (stop.py).
+A job's path from XREADGROUP to XACK: reads.py, job_path.py, publish.py. An idle engine blocks in
+XREADGROUP instead (Reader.wait). Redis unreachable or full: the round is sent again with back-off until
+it goes through (connection.py), nothing is admitted meanwhile, and a stop request still ends the loop
+within the drain timeout (stop.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import redis
@@ -137,6 +140,8 @@ class Worker:
             return
         # Redis applies the round while the engine computes: it is sent and answered on the I/O thread.
         future = self.io.submit(execute, self.client, step.rnd) if len(step.rnd) else None
+        if future is not None and step.rnd.before_step:
+            wait([future])  # it counts an attempt: in Redis before the step that runs the job
         self.finish(step, future, self.step_engine(step))
 
     # A tick in three parts, so that a sharded worker can send every shard's round of a cycle to each

@@ -56,7 +56,7 @@ class Job(BaseModel):
     # Sampling parameters: None means "the engine's default". Range checks are the engine's (SamplingParams).
     n: int | None = None
     # Absent: the engine's default (16). An explicit null: until the context is full (capped by the
-    # worker's --max-tokens-limit when set, see worker.admit).
+    # worker's --max-tokens-limit when set, see worker/engine_request.py).
     max_tokens: int | None = None
     min_tokens: int | None = None
     temperature: float | None = None

@@ -2,7 +2,7 @@
 
 XAUTOCLAIM moves entries idle longer than the lease to this consumer; they then go through admission like
 new ones, where the attempt counter, the owner key and the output stream decide whether and where to
-resume (admit.py, resume.py).
+resume (job_path.py, resume.py).
 """
 
 from __future__ import annotations

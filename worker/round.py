@@ -50,6 +50,8 @@ class Round:
         # CoreCommands declares a client's event dispatcher abstract; a Recorder never dispatches events.
         self._recorder = Recorder(self.stack)  # type: ignore[abstract]
         self.retried = False  # an earlier try may have been applied (see publish.py)
+        # Answered before the engine steps (it counts an attempt: job_path.py); else it overlaps the step.
+        self.before_step = False
         # time.perf_counter() when the newest token events in this round were sampled, and when Redis's
         # EXEC reply was read (written and readable by then): the publish latency.
         self.sampled_at: float | None = None

@@ -22,6 +22,7 @@ its pending entries are read again and resumed from the events their output stre
 from __future__ import annotations
 
 import zlib
+from concurrent import futures as cf
 from dataclasses import replace
 
 import structlog
@@ -130,6 +131,10 @@ class ShardedWorker:
                 continue
             begun.append((k, step))
         futures = self.nodes.send([(self.workers[k].client, step.rnd) for k, step in begun])
+        # Rounds that count an attempt are answered before the step that runs the job (job_path.py).
+        cf.wait(
+            [f for (_, step), f in zip(begun, futures, strict=True) if f is not None and step.rnd.before_step]
+        )
         stepped = [self.workers[k].step_engine(step) for k, step in begun]
         for (k, step), future, done in zip(begun, futures, stepped, strict=True):
             try:
