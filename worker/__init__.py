@@ -1,7 +1,9 @@
 """Conveyor's Redis-facing worker: jobs in from Redis Streams, token events out per request.
 
-A job's path: read from a lane (reads.py, lanes.py, read_policy.py), looked up and admitted or refused
-(job_path.py), run by the loop (loop.py) with one round of Redis commands per engine step (round.py,
-redis_io.py), its events written (publish.py), taken over after a crash (reclaim.py, resume.py).
-Every Redis name is in keys.py, the wire schema in protocol.py.
+The folders follow a job's path: intake/ (lanes, the read policy, reading and parsing entries), then
+job_path.py (every stage, from read to acknowledged), run/ (the loop, one round of Redis commands per
+engine step, leases, aborts), publish/ (the events script), recover/ (takeover after a crash, resume
+points, Redis health); cli/ is the `conveyor` command, batch/ its OpenAI batch runner, cluster/ Redis
+Cluster mode. Shared by all: keys.py (every Redis name), protocol.py (the wire schema), config.py,
+error_codes.py, connection.py, client.py and job_queue.py (for clients), local_redis.py.
 """

@@ -8,16 +8,18 @@
       └────────────▶ LEFT       (a live owner elsewhere runs it: stays pending; also a job taken over)
 
 Where each transition happens (this file, unless named):
-- READ: XREADGROUP, own pending entries or XAUTOCLAIM put an `Arrived` in `Worker.arrived` (intake/).
+- READ: XREADGROUP (intake/stream_reader.py), own pending entries at start, or XAUTOCLAIM
+  (recover/takeover_claim.py) put an `Arrived` in `Worker.arrived`.
 - READ -> ... : `look_up` adds the job's lookups to the round being built (owner SET NX GET, HGET
   attempts, XRANGE of its output stream, EXISTS cancel); `_decide` takes the four replies of that round
   together and moves the job on. A malformed entry is REFUSED by `look_up` itself.
 - ADMITTED | RESUMED -> RUNNING: the HINCRBY attempts owed by `_decide` goes in the next round, which
   the loop has answered before the step that runs the job (`Round.before_step`: that step waits one
   round trip), so a crash while running it counts (like arq); its reply moves the job on (`_counted`).
-- RUNNING -> FINISHED: `finish`, called by publish.plan_events when the job's last sample ends.
-- FINISHED -> ACKNOWLEDGED: `acknowledged`, called by the Publisher when the events script wrote the
-  terminal event and its XACK.
+- RUNNING -> FINISHED: `finish`, called by the loop (run/loop.py) for each job whose last sample ended
+  in the step (publish/publisher.py, plan_events), its terminal event queued.
+- FINISHED -> ACKNOWLEDGED: `acknowledged`, called by the Publisher (publish/publisher.py) when the
+  events script wrote the terminal event and, in the same call, its XACK.
 - REFUSED | DUPLICATE -> ACKNOWLEDGED: the reply to the XACK owed by `_decide` (`_acked`).
 
 What a decision owes to Redis is kept in `owed` and added by the loop to the next round it builds: no
@@ -34,16 +36,16 @@ import structlog
 
 from engine.client import EngineClient
 from worker.config import WorkerConfig
-from worker.engine_request import start_in_engine
-from worker.errors import ErrorCode, JobError
-from worker.events import error_event
-from worker.intake import parse_entry
+from worker.error_codes import ErrorCode, JobError
+from worker.intake.parse_job import parse_entry
 from worker.keys import EVENT_FIELD, JOB_FIELD
-from worker.lease import add_release
 from worker.protocol import Job
-from worker.resume import read_resume
-from worker.round import Handler, Round
-from worker.state import Arrived, InFlight, Stage
+from worker.publish.event_payloads import error_event
+from worker.recover.resume_point import read_resume
+from worker.run.engine_request import start_in_engine
+from worker.run.job_lease import add_release
+from worker.run.job_record import Arrived, InFlight, Stage
+from worker.run.round import Handler, Round
 
 log = structlog.get_logger("conveyor.job")
 
@@ -94,7 +96,7 @@ class JobPath:
         owner, out, cancel = cfg.keys.owner(job.id), cfg.keys.out(job.id), cfg.keys.cancel(job.id)
         rnd.add_group(
             [
-                # the owner key (lease.py): None when we now own the job, else the owner's name
+                # the owner key (run/job_lease.py): None when we now own the job, else the owner's name
                 lambda p: p.set(owner, cfg.consumer, nx=True, px=cfg.lease_ms, get=True),
                 lambda p: p.hget(cfg.keys.attempts, job.id),
                 lambda p: p.xrange(out, count=cfg.stream_maxlen),

@@ -1,4 +1,4 @@
-"""The read policy of Redis Cluster's shards (a lane per shard, read_policy.py): the room goes to one
+"""The read policy of Redis Cluster's shards (a lane per shard, intake/read_policy.py): the room goes to one
 shard at a time.
 
 A cycle's rounds are all built before any is answered, so a read in flight counts as taken room
@@ -25,7 +25,7 @@ shard's new work is seen within one rotation.
 
 from __future__ import annotations
 
-from worker.read_policy import ReadPolicy
+from worker.intake.read_policy import ReadPolicy
 
 
 class ReadShares(ReadPolicy):

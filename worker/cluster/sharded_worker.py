@@ -16,7 +16,8 @@ answered at the server's next cron tick), so an idle cycle takes about max(block
 When a shard's master fails and a replica takes over, the writes this worker made last (events, acks) may
 not have reached the replica. The shard's worker then forgets its jobs (aborted in the engine, nothing
 written) and starts over from the new master's state, as a worker restarted under the same name would:
-its pending entries are read again and resumed from the events their output streams hold (resume.py).
+its pending entries are read again and resumed from the events their output streams hold
+(recover/resume_point.py).
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from worker.cluster.read_shares import ReadShares
 from worker.cluster.shard_keys import ShardedKeys
 from worker.cluster.shared_engine import SharedEngine
 from worker.config import WorkerConfig
-from worker.lanes import cluster_shards
-from worker.loop import Step, Worker
-from worker.metrics import Metrics
-from worker.observer import Observer
-from worker.read_policy import ReadPolicy
-from worker.stop import StopFlag, StopRequested
+from worker.intake.lanes import cluster_shards
+from worker.intake.read_policy import ReadPolicy
+from worker.run.loop import Step, Worker
+from worker.run.metrics import Metrics
+from worker.run.observer import Observer
+from worker.run.stop import StopFlag, StopRequested
 
 log = structlog.get_logger("conveyor.worker")
 
@@ -60,7 +61,7 @@ class ShardedWorker:
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         per_shard_block = max(1, cfg.block_ms // cfg.shards)
         self.workers: list[Worker] = []
-        # A lane per shard (lanes.py), each read by its own Worker.
+        # A lane per shard (intake/lanes.py), each read by its own Worker.
         for k, lane in enumerate(cluster_shards(cfg.keys.prefix, cfg.shards, cfg.group)):
             shard_cfg = replace(cfg, keys=lane.keys, cluster=True, block_ms=per_shard_block)
             client = shard_client(cluster, lane.stream, fence_moves=True)

@@ -1,0 +1,114 @@
+"""The one place the worker's rounds meet Redis: redis-py's public pipeline API, nothing below it.
+
+A round (run/round.py) is a list of recorded commands. `exchange` writes one or more rounds to one Redis
+node as a single pipeline, each round framed as its own MULTI ... EXEC, and reads every reply back:
+
+    one write:  MULTI  cmd_1 .. cmd_n  EXEC   [MULTI .. EXEC  for each further round on this node]
+    replies:    +OK    +QUEUED x n     [reply_1 .. reply_n]   ...
+
+Commands go into the pipeline under their name as bytes. redis-py looks reply callbacks up by the name
+as a string, so none is applied to the +QUEUED acknowledgements; `exchange` applies them itself, once, to
+the replies inside EXEC's array (which are what the caller wants). Per-command errors stay values.
+
+A worker's client must not re-send a round on its own: a round whose reply was lost may have been
+applied, and only the worker knows how to tolerate that (`Round.retried`, publish/publisher.py). `no_resends`
+turns redis-py's own retries off for such a client; the worker retries with back-off (connection.py).
+
+Runs on the loop's I/O thread, so the network overlaps the engine's step (run/loop.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from worker.run.round import Round
+
+_MULTI, _EXEC = (b"MULTI",), (b"EXEC",)
+
+
+def no_resends(client: redis.Redis) -> redis.Redis:
+    """Turn off redis-py's retries on `client` (its pool's connections too): an error reaches the worker."""
+    client.set_retry(Retry(NoBackoff(), 0))
+    return client
+
+
+def execute(client: redis.Redis, rnd: Round) -> list[Any]:
+    """Send one round and return its replies; raises what failed it (see `exchange`)."""
+    (outcome,) = exchange(client, [rnd])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def execute_plain(client: redis.Redis, rnd: Round) -> list[Any]:
+    """Send one round's commands without MULTI (for blocking reads, which MULTI would not let block)."""
+    pipe = client.pipeline(transaction=False)
+    for args, options in rnd.stack:
+        pipe.execute_command(*args, **options)
+    return pipe.execute(raise_on_error=False)
+
+
+def exchange(client: redis.Redis, rounds: Sequence[Round]) -> list[list[Any] | BaseException]:
+    """Per round, its replies (one per command) or the error that failed it:
+    - EXEC refused (nothing of the round ran): the first command refused at queue time (OOM when Redis
+      is full), with the abort as its cause;
+    - the connection broke: that error, for every round (each marked `retried`: it may have been applied).
+    Empty rounds are answered [] without being sent."""
+    sent = [rnd for rnd in rounds if len(rnd)]
+    if not sent:
+        return [[] for _ in rounds]
+    pipe = client.pipeline(transaction=False)
+    for rnd in sent:
+        pipe.execute_command(*_MULTI)
+        for args, _ in rnd.stack:
+            pipe.execute_command(*_wire(args))
+        pipe.execute_command(*_EXEC)
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except BaseException as exc:
+        for rnd in sent:
+            rnd.retried = True
+        return [exc if len(rnd) else [] for rnd in rounds]
+    answered = time.perf_counter()
+    outcomes: dict[int, list[Any] | BaseException] = {}
+    at = 0
+    for rnd in sent:
+        framed = replies[at : at + len(rnd) + 2]
+        at += len(rnd) + 2
+        rnd.answered_at = answered
+        outcomes[id(rnd)] = _settle(rnd, framed, client.response_callbacks)
+    return [outcomes[id(rnd)] if len(rnd) else [] for rnd in rounds]
+
+
+def _settle(rnd: Round, framed: list[Any], callbacks) -> list[Any] | BaseException:
+    """[MULTI's reply, one +QUEUED or refusal per command, EXEC's reply] -> the commands' parsed replies."""
+    queued, replies = framed[1:-1], framed[-1]
+    if isinstance(replies, BaseException):
+        rnd.retried = True  # EXEC aborted: nothing ran, but say so to whoever resends it
+        refused = next((r for r in queued if isinstance(r, BaseException)), None)
+        if refused is None:
+            return replies
+        refused.__cause__ = replies
+        return refused
+    results = []
+    for (args, options), reply in zip(rnd.stack, replies, strict=True):
+        name = args[0]
+        if not isinstance(reply, Exception) and name in callbacks:
+            reply = callbacks[name](reply, **{k: v for k, v in options.items() if k != "keys"})
+        results.append(reply)
+    return results
+
+
+def _wire(args: tuple) -> tuple:
+    """The command as sent: its name in bytes (see the module's docstring), split when redis-py names it in
+    two words ("XINFO GROUPS")."""
+    name = args[0]
+    if isinstance(name, str):
+        return (*(part.encode() for part in name.split()), *args[1:])
+    return args
