@@ -1,6 +1,15 @@
-# Conveyor worker, CUDA build. torch (and its CUDA libraries) come with the base image; `pip install .`
-# finds the requirement satisfied and downloads only the small pure-Python dependencies.
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+# Conveyor worker, CUDA build. torch 2.11 (CUDA 13.0) and triton 3.6 come with the base image, the pair the
+# GPU check ran under on an H200 and the triton CI compile-checks the kernels against (.ci/run IMAGE_TRITON);
+# `pip install .` finds both satisfied and downloads only the small pure-Python dependencies. Versions and the
+# driver they need: docs/operations.md, "The image".
+FROM pytorch/pytorch:2.11.0-cuda13.0-cudnn9-runtime
+
+# Triton builds its launcher stub with a C compiler at the first kernel launch, and runtime images have
+# none ("RuntimeError: Failed to find C compiler", pytorch/pytorch#116696): gcc and the C library headers.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

@@ -1,60 +1,50 @@
-"""Incremental detokenization: text deltas that never end in half a UTF-8 character.
+"""Incremental detokenization: exact text, streamed in deltas that are never taken back.
 
-Only `tokenizer.decode(ids, skip_special_tokens=...)` is used, so a `tokenizers.Tokenizer` or a transformers
-tokenizer both work (give the latter `clean_up_tokenization_spaces=False`, or its decode is not additive).
+The text of a generated sequence is its continuation of the prompt, `decode(prompt + output)` minus
+`decode(prompt)`, so a first token that starts a word keeps its space under SentencePiece decoders. Each
+step decodes a small window rather than the whole output:
 
-Each step decodes a small window `ids[prefix_offset:]` rather than the whole output:
+    ids:  context | ... prefix_offset ......... read_offset ......... len(ids)
+                         \\__ already emitted __/ \\__ new, not emitted __/
+    delta = decode(ids[prefix_offset:end]) minus decode(ids[prefix_offset:read_offset])
 
-    ids:  ... | prefix_offset ......... read_offset ......... len(ids)
-                 \\__ already emitted __/ \\__ new, not emitted __/
-    delta = decode(ids[prefix_offset:]) minus its first len(decode(ids[prefix_offset:read_offset])) chars
+for the largest `end` after which the text can no longer change (engine/decoder_profile.py says when: not
+inside a byte-fallback run, and not ending in U+FFFD, an unfinished UTF-8 character). The window starts at
+an "anchor", a token with text of its own, so the first-space stripping of SentencePiece decoders falls on
+text that was already emitted, as it does in the whole text. The first window starts at the prompt's last
+anchor; a prompt that ends inside a byte run (or, byte-level, mid-character) gets a plain separator token
+after it, so the output's bytes decode on their own, as if the prompt had ended on a character boundary.
 
-The already-emitted tokens in the window give decoders that strip a leading space (SentencePiece) their
-context. A decoded window that ends in U+FFFD (an unfinished multi-byte character) is held back; when
-several tokens arrive at once we walk back to the last token boundary that decodes cleanly, so what has been
-emitted depends only on the tokens seen, not on how they were grouped (a resumed request can replay its prior
-tokens in one call). For byte-level BPE tokenizers the deltas (plus `finish()`) concatenate to exactly
-`decode(output_ids)`. The window starts with up to 5 prompt tokens as context, unless they end mid-character.
+What has been emitted depends only on the tokens seen, not on how they were grouped into calls, so a
+resumed request replays its prior tokens in one call and continues where the previous worker stopped.
+`finish()` releases what is held back as the tokenizer's own decode writes it (U+FFFD for unfinished bytes).
 
-With a Rust tokenizer (`tokenizers.Tokenizer`, or the one behind a transformers fast tokenizer) the same
-algorithm runs inside `tokenizers.decoders.DecodeStream`, one token at a time: one call into Rust per token
-(~3 us) instead of two decodes plus the Python around them (~12 us); 256 requests per step is then ~1 ms.
-The offsets are mirrored here so `finish()` can release what DecodeStream still holds back.
+Most steps cost no call into the tokenizer: a token whose text never depends on its neighbours, arriving
+when nothing is held back, adds the text the profile's table lists for it (~0.1 us).
 
-Commoner still, with a byte-level BPE tokenizer: a token whose bytes are complete UTF-8, arriving when
-nothing is held back, adds exactly its own text whatever came before, so it is looked up in a table
-(`engine.token_pieces.context_free_texts`, built once per tokenizer) with no call into Rust (~0.1 us).
-DecodeStream's window then misses that token, which changes nothing for such a decoder: the window only
-matters for bytes still held back, and there were none. Tokens with partial characters, and anything
-after one until it is released, go through DecodeStream as before.
+Only `tokenizer.decode(ids, skip_special_tokens=...)` is called, so a `tokenizers.Tokenizer` or a
+transformers tokenizer both work. Without a profile (a decoder of another family, or a tokenizer that is
+no Rust one) the window holds back only text that ends in U+FFFD, and a window whose text stops matching
+what was emitted is skipped rather than raised on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, cast
-
-from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
+from typing import Protocol
 
 from engine.core.stop_strings import StopStrings
+from engine.decoder_profile import REPLACEMENT, DecoderProfile, decoder_profile, rust_tokenizer
 
-# What a decoder writes for bytes that are not (yet) a whole UTF-8 character.
-REPLACEMENT = "\ufffd"
-_PROMPT_CONTEXT = 5
+__all__ = ["REPLACEMENT", "Decoder", "IncrementalDetokenizer", "TextStream"]
+
+_GENERIC_CONTEXT = 5  # prompt tokens of context without a profile
+_MAX_CONTEXT = 64  # prompt tokens searched back for an anchor
+_AUTO = object()  # build the profile from the tokenizer
 
 
 class Decoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
-
-
-def _backend(tokenizer: Decoder) -> Decoder:
-    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer, whose decode skips the wrapper's
-    per-call Python work (~4x faster per call); its text equals the wrapper's when that does no clean-up."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return backend
-    return tokenizer
 
 
 class IncrementalDetokenizer:
@@ -64,85 +54,126 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         skip_special_tokens: bool = True,
         prior_output_ids: Sequence[int] = (),
-        texts: Sequence[str | None] | None = None,
+        profile: DecoderProfile | None | object = _AUTO,
     ):
-        """texts: `context_free_texts(tokenizer, skip_special_tokens)`, or None to decode every token."""
-        self.tokenizer = _backend(tokenizer)
-        self._texts: Sequence[str | None] = texts if texts is not None else ()
+        """profile: `decoder_profile(tokenizer, skip_special_tokens)`, built once per engine and shared;
+        by default built here; None decodes without one."""
+        backend = rust_tokenizer(tokenizer)
+        # The Rust tokenizer's decode skips the transformers wrapper's per-call Python (~4x faster).
+        self.tokenizer: Decoder = backend if backend is not None else tokenizer
         self.skip_special_tokens = skip_special_tokens
-        context = list(prompt_token_ids[-_PROMPT_CONTEXT:])
-        if self._decode(context).endswith(REPLACEMENT):
-            # The prompt ends mid-character: its bytes would merge with the output's. Start clean instead.
-            context = []
+        if profile is _AUTO:
+            profile = decoder_profile(tokenizer, skip_special_tokens)
+        assert profile is None or isinstance(profile, DecoderProfile)
+        self._profile: DecoderProfile | None = profile
+        context = self._context(list(prompt_token_ids))
         self._ids: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)
+        # Table lookups need the window's first-space stripping done (SentencePiece): an anchor in it.
+        self._anchored = profile is not None and (profile.byte_level or any(map(self._is_anchor, context)))
         self._parts: list[str] = []  # everything emitted so far, joined on demand (no O(n) copy per step)
-        self._stream: DecodeStream | None = None
-        if isinstance(self.tokenizer, Tokenizer):
-            self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
         if prior_output_ids:
             # Resume: replay silently; the state (and `text`) equals that of the worker that emitted them.
             self.add(prior_output_ids)
+
+    # ---- token classes (ids past the tokenizer's vocabulary, from a wider LM head, have no text)
+    def _is_anchor(self, token: int) -> bool:
+        p = self._profile
+        return p is not None and 0 <= token < len(p.is_anchor) and p.is_anchor[token] == 1
+
+    def _is_byte(self, token: int) -> bool:
+        p = self._profile
+        return p is not None and 0 <= token < len(p.is_byte) and p.is_byte[token] == 1
+
+    def _context(self, prompt: list[int]) -> list[int]:
+        p = self._profile
+        if p is None:
+            context = prompt[-_GENERIC_CONTEXT:]
+            # The prompt ends mid-character: its bytes would merge with the output's. Start clean instead.
+            return [] if self._decode(context).endswith(REPLACEMENT) else context
+        if p.byte_level:
+            # Bytes decode the same whatever precedes a character boundary: no context needed, and a
+            # prompt that ends mid-character must not lend its bytes to the output.
+            return []
+        start = len(prompt)
+        for i in range(len(prompt) - 1, max(len(prompt) - _MAX_CONTEXT, 0) - 1, -1):
+            start = i
+            if self._is_anchor(prompt[i]):
+                break
+        context = prompt[start:]
+        if not self._stable(context, len(context)):
+            context.append(p.separator)  # close the prompt's byte run
+        return context
+
+    def _stable(self, ids: list[int], end: int) -> bool:
+        """No later token can change the text of ids[:end]: the last token with text or bytes before
+        `end` is not a byte-fallback token (a run of them is decoded as one group)."""
+        if self._profile is None or self._profile.byte_level:
+            return True
+        for i in range(end - 1, -1, -1):
+            token = ids[i]
+            if self._is_byte(token):
+                return False
+            if self._is_anchor(token):
+                return True
+        return True
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
 
     def add(self, token_ids: Sequence[int]) -> str:
-        """Append generated tokens; return the newly decodable text (possibly "")."""
-        if len(token_ids) == 1 and self._read_offset == len(self._ids):
+        """Append generated tokens; return the newly final text (possibly "")."""
+        p = self._profile
+        if p is not None and len(token_ids) == 1 and self._anchored and self._read_offset == len(self._ids):
             # Nothing held back: a token whose text does not depend on its neighbours is looked up.
-            token, texts = token_ids[0], self._texts
-            if token < len(texts) and (text := texts[token]) is not None:
+            token = token_ids[0]
+            if 0 <= token < len(p.texts) and (text := p.texts[token]) is not None:
                 if text:
                     self._parts.append(text)
                 return text
-        if self._stream is not None and len(token_ids) == 1:
-            # A decode step: one token, one call into Rust (the loop below, without its Python around it).
-            ids = self._ids
-            ids.append(token_ids[0])
-            piece = self._stream.step(cast(Tokenizer, self.tokenizer), token_ids[0])
-            return "" if piece is None else self._emit(piece, len(ids))
-        if self._stream is not None:
-            return self._add_streamed(self._stream, cast(Tokenizer, self.tokenizer), token_ids)
         self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        for end in range(len(self._ids), self._read_offset, -1):
-            window = self._decode(self._ids[self._prefix_offset : end])
-            if not window.endswith(REPLACEMENT):
+        return self._advance()
+
+    def _advance(self) -> str:
+        ids, prefix = self._ids, self._prefix_offset
+        prefix_text = self._decode(ids[prefix : self._read_offset])
+        for end in range(len(ids), self._read_offset, -1):
+            if not self._stable(ids, end):
+                continue
+            window = self._decode(ids[prefix:end])
+            # A window that stops matching what was emitted only happens with decoders no profile covers.
+            if not window.endswith(REPLACEMENT) and window.startswith(prefix_text):
                 return self._emit(window[len(prefix_text) :], end)
         return ""
 
-    def _add_streamed(self, stream: DecodeStream, tokenizer: Tokenizer, token_ids: Sequence[int]) -> str:
-        ids = self._ids
-        texts = self._texts
-        pieces = []
-        for t in token_ids:
-            if self._read_offset == len(ids) and t < len(texts):
-                text = texts[t]
-                if text is not None:  # as in add(): nothing held back, a context-free token
-                    if text:
-                        pieces.append(text)
-                        self._parts.append(text)
-                    continue
-            ids.append(t)
-            piece = stream.step(tokenizer, t)  # None: held back (unfinished character, or no new text)
-            if piece is not None:
-                pieces.append(self._emit(piece, len(ids)))
-        return "".join(pieces)
-
     def finish(self) -> str:
-        """The request is over: release what was held back (a trailing U+FFFD for unfinished bytes)."""
-        if self._read_offset == len(self._ids):
+        """The request is over: release what was held back, as decode writes it."""
+        ids, prefix = self._ids, self._prefix_offset
+        if self._read_offset == len(ids):
             return ""
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        window = self._decode(self._ids[self._prefix_offset :])
-        return self._emit(window[len(prefix_text) :], len(self._ids))
+        prefix_text = self._decode(ids[prefix : self._read_offset])
+        window = self._decode(ids[prefix:])
+        if not window.startswith(prefix_text):  # (see _advance) emit what differs, never raise
+            same = 0
+            while same < min(len(window), len(prefix_text)) and window[same] == prefix_text[same]:
+                same += 1
+            prefix_text = prefix_text[:same]
+        return self._emit(window[len(prefix_text) :], len(ids))
 
     def _emit(self, delta: str, end: int) -> str:
+        ids, p = self._ids, self._profile
+        if p is None:
+            new_prefix = self._read_offset  # vLLM's window: the last emitted tokens stay as context
+        elif p.byte_level:
+            new_prefix = end  # bytes after a character boundary need no context
+        else:
+            # The last anchor before `end` starts the next window (else the window keeps its start).
+            new_prefix = next((i for i in range(end - 1, self._prefix_offset - 1, -1) if self._is_anchor(ids[i])), self._prefix_offset)  # fmt: skip
+            self._anchored = self._anchored or self._is_anchor(ids[new_prefix])
         # Ids before the new prefix offset are never decoded again: drop them (memory stays a small window).
-        del self._ids[: self._read_offset]
-        self._prefix_offset, self._read_offset = 0, end - self._read_offset
+        del ids[:new_prefix]
+        self._prefix_offset, self._read_offset = 0, end - new_prefix
         if delta:
             self._parts.append(delta)
         return delta
@@ -169,11 +200,11 @@ class TextStream:
         stop: list[str],
         prior_output_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
-        texts: Sequence[str | None] | None = None,
+        profile: DecoderProfile | None | object = _AUTO,
     ):
-        """texts: the tokenizer's `context_free_texts` table (built for the same skip_special_tokens)."""
+        """profile: the tokenizer's `decoder_profile` (built for the same skip_special_tokens)."""
         self._detokenizer = IncrementalDetokenizer(
-            tokenizer, prompt_token_ids, skip_special_tokens, texts=texts
+            tokenizer, prompt_token_ids, skip_special_tokens, profile=profile
         )
         self._stops = StopStrings(stop)
         # What was emitted, when it differs from the detokenizer's text (only with stop strings).

@@ -24,6 +24,13 @@ class RejectReason(str, enum.Enum):
     INVALID_CONSTRAINT = "invalid_constraint"
 
 
+class FailureCode(str, enum.Enum):
+    """Why a request that was running ended in an error (StepDelta.error_code)."""
+
+    INVALID_PARAMS = "invalid_params"  # its grammar failed to compile, or rejected a token
+    INTERNAL = "internal_error"  # handling it raised (detokenizer, stop strings, logprobs, grammar...)
+
+
 class RequestRejected(ValueError):
     """A request that can never run (too long for the model or the KV pool, bad token ids...).
 

@@ -36,8 +36,10 @@ class StepDelta:
     # request included).
     text: str | None = None
     num_output_tokens: int = 0
-    # Set when the sample ended because of an error (e.g. its grammar failed to compile): the message.
+    # Set when the sample ended because of an error (e.g. its grammar failed to compile): the message,
+    # and what kind of error (engine.errors.FailureCode's value: "invalid_params" | "internal_error").
     error: str | None = None
+    error_code: str | None = None
 
 
 @dataclass

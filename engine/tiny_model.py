@@ -79,17 +79,25 @@ def train_byte_level_bpe(
     return tok
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int, family: str = "byte_level"):
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = train_byte_level_bpe(vocab_size, [BOS, EOS, PAD], texts=CORPUS.splitlines() * 4)
+    if family == "sentencepiece":  # Llama 2's layout (engine/tiny_sentencepiece.py), our special tokens
+        from engine.tiny_sentencepiece import train_sentencepiece_bpe
+
+        tok = train_sentencepiece_bpe()
+        tok.add_special_tokens([BOS, EOS, PAD])
+    elif family == "byte_level":
+        tok = train_byte_level_bpe(vocab_size, [BOS, EOS, PAD], texts=CORPUS.splitlines() * 4)
+    else:
+        raise ValueError(f"tokenizer must be 'byte_level' or 'sentencepiece', got {family!r}")
     # A small corpus may run out of merges: top the vocab up with reserved tokens to the exact size.
     missing = vocab_size - tok.get_vocab_size()
     if missing > 0:
         tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
     if tok.get_vocab_size() != vocab_size:
-        raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level BPE (needs >= 259)")
+        raise ValueError(f"vocab_size {vocab_size} is too small for this tokenizer")
     bos = tok.token_to_id(BOS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos)]
@@ -182,6 +190,7 @@ def make_tiny_model(
     sliding_window: int | None = None,
     max_window_layers: int = 0,
     config_overrides: dict[str, Any] | None = None,
+    tokenizer: str = "byte_level",
 ) -> Path:
     """Write a random `arch` checkpoint to `out_dir` and return the folder.
 
@@ -191,14 +200,15 @@ def make_tiny_model(
     `sliding_window` N: mistral windows every layer; qwen2/qwen3 set `use_sliding_window` and window the
     layers from index `max_window_layers` on (0: all), as their transformers configs do; the other families
     window the layers their `layer_types` mark sliding. `config_overrides` sets any other config field (e.g.
-    {"layer_types": [...], "partial_rotary_factor": 0.5}).
+    {"layer_types": [...], "partial_rotary_factor": 0.5}). `tokenizer`: "byte_level" (GPT-2 style) or
+    "sentencepiece" (Llama 2 style, with byte fallback; trained on Korean and English).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(vocab_size)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD)}
+    trained = _train_tokenizer(vocab_size, tokenizer)
+    ids = {t: trained.convert_tokens_to_ids(t) for t in (BOS, EOS, PAD)}
     if head_dim is None:
         head_dim = 32 if arch == "qwen3" else hidden_size // num_heads
     config = _config(
@@ -229,6 +239,6 @@ def make_tiny_model(
         # eos by chance, so references that suppress eos (min_new_tokens) and engines that ignore it agree.
         model.get_output_embeddings().weight[list(ids.values())] = 0.0
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    trained.save_pretrained(out)
     GenerationConfig(bos_token_id=ids[BOS], eos_token_id=ids[EOS], pad_token_id=ids[PAD]).save_pretrained(out)
     return out

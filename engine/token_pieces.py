@@ -1,5 +1,5 @@
 """The text of single tokens: for logprobs (what a client shows next to each token), and for the
-detokenizer's table of tokens whose text never depends on their neighbours.
+detokenizer's profile of the decoder (engine/decoder_profile.py), built here once per engine.
 
 A token's piece is its vocabulary entry turned back into text the way the tokenizer decodes it (byte-level
 BPE maps its printable stand-ins back to bytes, SentencePiece its "▁" to a space), so the pieces of a
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from tokenizers import Tokenizer, decoders
 from transformers import PreTrainedTokenizerBase
 
-from engine.detokenizer import REPLACEMENT
+from engine.decoder_profile import decoder_profile
 
 
 class TokenPieces:
@@ -24,7 +23,7 @@ class TokenPieces:
         self.special = frozenset(tokenizer.all_special_ids)
         self.piece = lru_cache(maxsize=65536)(self._piece)
         # Built once per engine (~20 ms at 32k tokens) and shared by every TextStream.
-        self.texts = context_free_texts(tokenizer)
+        self.profile = decoder_profile(tokenizer)
 
     def _piece(self, token_id: int) -> str:
         token = self.tokenizer.convert_ids_to_tokens(token_id)
@@ -35,23 +34,3 @@ class TokenPieces:
     def for_logprobs(self, logprobs: list[list[tuple[int, float]]]) -> list[list[str]]:
         """Per token: the pieces of [sampled, top-1, top-2, ...], parallel to `logprobs`."""
         return [[self.piece(token_id) for token_id, _ in per_token] for per_token in logprobs]
-
-
-def context_free_texts(tokenizer: object, skip_special_tokens: bool = True) -> list[str | None] | None:
-    """Per token id, the text it adds to a decoded text that ends on a character boundary, or None where
-    that depends on more than the token. The whole table is None unless the tokenizer is a Rust one whose
-    decoder is byte-level (GPT-2, Llama 3, Qwen...) with no clean-up: then decode(ids) is the UTF-8 decoding
-    of the tokens' bytes put end to end, so a token whose bytes are complete UTF-8 always adds
-    decode([id]). Tokens holding part of a multi-byte character get None. Other decoders (SentencePiece's
-    leading space, byte fallback, word-piece "##") depend on the neighbours: no table.
-
-    The detokenizer (engine/detokenizer.py) looks a token up here when it holds nothing back, instead of
-    a call into the tokenizer."""
-    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
-    if not isinstance(backend, Tokenizer) or getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return None
-    if not isinstance(backend.decoder, decoders.ByteLevel):
-        return None
-    size = backend.get_vocab_size(with_added_tokens=True)
-    texts = backend.decode_batch([[i] for i in range(size)], skip_special_tokens=skip_special_tokens)
-    return [None if REPLACEMENT in text else text for text in texts]

@@ -56,7 +56,6 @@ def redis_server():
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir) -> str:
     """The real engine's tiny random Llama checkpoint, as a path string (what the worker tests pass around)."""
-    pytest.importorskip("torch")
     return str(tiny_model_dir("llama"))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from typing import Protocol, TypeVar
 
 import redis
 import structlog
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from worker.recover.redis_health import RedisHealth
 
@@ -38,16 +41,22 @@ class TlsOptions:
         return {k: v for k, v in pairs.items() if v is not None}
 
 
-def connect(url: str, tls: TlsOptions | None = None, socket_timeout: float = 30.0) -> redis.Redis:
-    """A client that returns bytes (payloads may be any binary) and speaks RESP2 (fixed reply shapes)."""
+SOCKET_TIMEOUT_S = 30.0  # a read waits this long for a reply before the connection counts as lost
+
+
+def connect(url: str, tls: TlsOptions | None = None, socket_timeout: float = SOCKET_TIMEOUT_S) -> redis.Redis:
+    """A client that returns bytes (payloads may be any binary) and speaks RESP2 (fixed reply shapes).
+    redis-py's own retries are off: each caller retries itself (`with_retry`, client.events), and a retry
+    inside redis-py, reconnecting to a frozen network, would hold a stop for one more socket timeout."""
     extra = tls.kwargs() if tls is not None and url.startswith("rediss://") else {}
     return redis.Redis.from_url(
         url,
         decode_responses=False,
         protocol=2,
         socket_timeout=socket_timeout,
-        socket_connect_timeout=5.0,
+        socket_connect_timeout=min(5.0, socket_timeout),
         health_check_interval=15,
+        retry=Retry(NoBackoff(), 0),
         **extra,
     )
 
@@ -99,6 +108,8 @@ def with_retry(
     backoff = backoff or Backoff()
     health = health or RedisHealth()
     while True:
+        if stop.expired():  # a new try could hang on a frozen network past the stop's bound
+            raise StopRequested(f"stopped before {what}")
         try:
             result = action()
         except (*DOWN_ERRORS, redis.OutOfMemoryError) as exc:
@@ -118,3 +129,23 @@ def with_retry(
             log.info("redis reachable again", during=what, after_failures=backoff.failures)
             backoff.reset()
         return result
+
+
+def cut_off(client) -> None:
+    """Shut down every socket of `client` (plain or cluster), in use or idle, from any thread. A thread
+    blocked reading one (a frozen network answers nothing, for up to the socket timeout) gets end of file
+    at once and redis-py raises ConnectionError there; that thread then closes the connection itself.
+    (`disconnect()` from here would clear the connection's socket under the reading thread.)"""
+    pools = [client.connection_pool] if hasattr(client, "connection_pool") else []
+    if hasattr(client, "get_nodes"):  # redis.RedisCluster: one pool per node
+        pools += [n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection]
+    for pool in pools:
+        # redis-py keeps no public list of a pool's connections (these take the pool's lock).
+        connections = [*pool._get_free_connections(), *pool._get_in_use_connections()]
+        for connection in connections:
+            sock = getattr(connection, "_sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
@@ -38,7 +39,7 @@ from engine.client import EngineClient
 from worker.config import WorkerConfig
 from worker.error_codes import ErrorCode, JobError
 from worker.intake.parse_job import parse_entry
-from worker.keys import EVENT_FIELD, JOB_FIELD
+from worker.keys import EVENT_FIELD, JOB_FIELD, alone_field
 from worker.protocol import Job
 from worker.publish.event_payloads import error_event
 from worker.recover.resume_point import read_resume
@@ -46,6 +47,9 @@ from worker.run.engine_request import start_in_engine
 from worker.run.job_lease import add_release
 from worker.run.job_record import Arrived, InFlight, Stage
 from worker.run.round import Handler, Round
+
+if TYPE_CHECKING:
+    from worker.run.isolation import Isolation
 
 log = structlog.get_logger("conveyor.job")
 
@@ -63,8 +67,9 @@ class JobPath:
         on_admitted: Callable[[InFlight], None],
         on_outcome: Callable[[str], None],
         on_full: Callable[[Arrived, Exception], None],
+        isolation: Isolation,
     ) -> None:
-        self.cfg, self.engine = cfg, engine
+        self.cfg, self.engine, self.isolation = cfg, engine, isolation
         self.running = running
         self.on_admitted, self.on_outcome, self.on_full = on_admitted, on_outcome, on_full
         self.owed: list[Callable[[Round], None]] = []  # writes decided on replies, for the next round
@@ -98,7 +103,7 @@ class JobPath:
             [
                 # the owner key (run/job_lease.py): None when we now own the job, else the owner's name
                 lambda p: p.set(owner, cfg.consumer, nx=True, px=cfg.lease_ms, get=True),
-                lambda p: p.hget(cfg.keys.attempts, job.id),
+                lambda p: p.hmget(cfg.keys.attempts, [job.id, alone_field(job.id)]),
                 lambda p: p.xrange(out, count=cfg.stream_maxlen),
                 lambda p: p.exists(cancel),
             ],
@@ -140,15 +145,23 @@ class JobPath:
             self._duplicate(arrived, job, forget=True)
             return
         now_ms = time.time() * 1000
-        attempts = int(started or 0) + 1  # duplicates never reach this point
+        # Duplicates never reach this point. A job an earlier attempt of which did not finish runs alone;
+        # it is refused only once it has used its attempts and one of them ran alone (run/isolation.py).
+        count, ran_alone = started
+        attempts = int(count or 0) + 1
+        suspect = attempts > 1
         error: JobError | None = None
-        if attempts > cfg.max_attempts:
+        if suspect and ran_alone and attempts > cfg.max_attempts:
             error = JobError(ErrorCode.TOO_MANY_ATTEMPTS, f"{attempts - 1} attempts did not finish", job.id)
         elif job.deadline_ms is not None and job.deadline_ms <= now_ms:
             error = JobError(ErrorCode.DEADLINE_EXCEEDED, "deadline_ms passed before the job started", job.id)
         if error is not None:
             late = error
             self.owed.append(lambda rnd: self._refuse(rnd, arrived, late, raw, owned=True))
+            return
+        if self.isolation.must_wait(suspect):  # stays READ: held, looked up again once the worker is empty
+            self.owed.append(lambda rnd: add_release(rnd, cfg, job.id))
+            self.isolation.hold(arrived)
             return
         state = InFlight(
             job=job,
@@ -160,7 +173,7 @@ class JobPath:
         )
         # The attempt is counted whether or not the engine takes the job (as before: a refusal by the
         # engine is one attempt), in the next round, before the step that runs it.
-        self.owed.append(lambda rnd: self._count_attempt(rnd, state))
+        self.owed.append(lambda rnd: self._count_attempt(rnd, state, suspect))
         try:
             start_in_engine(self.engine, job, resume.prior_lists(job.n or 1), cfg.limits.max_tokens)
         except JobError as exc:
@@ -170,6 +183,9 @@ class JobPath:
         state.stage = Stage.RESUMED if resume.prior else Stage.ADMITTED
         self.on_stage(job.id, state.stage)
         self.on_admitted(state)
+        if suspect:
+            self.isolation.alone = job.id
+            log.info("job runs alone: an earlier attempt did not finish", request_id=job.id, attempt=attempts)
         if resume.prior:
             log.info(
                 "job resumed",
@@ -181,9 +197,12 @@ class JobPath:
             state.stop_reason = "cancel"
 
     # ---- ADMITTED | RESUMED -> RUNNING --------------------------------------------------------------
-    def _count_attempt(self, rnd: Round, job: InFlight) -> None:
+    def _count_attempt(self, rnd: Round, job: InFlight, alone: bool) -> None:
+        attempts = self.cfg.keys.attempts
         rnd.before_step = True
-        rnd.add(lambda p: p.hincrby(self.cfg.keys.attempts, job.job_id, 1), lambda _: self._counted(job))
+        rnd.add(lambda p: p.hincrby(attempts, job.job_id, 1), lambda _: self._counted(job))
+        if alone:
+            rnd.add(lambda p: p.hset(attempts, alone_field(job.job_id), 1))
 
     def _counted(self, job: InFlight) -> None:
         if job.stage in (Stage.ADMITTED, Stage.RESUMED):
@@ -217,7 +236,7 @@ class JobPath:
             add_ack(rnd, cfg, arrived.entry_id, lambda r: self._acked(job.id, r))
             if forget:
                 add_release(rnd, cfg, job.id)
-                rnd.add(lambda p: p.hdel(cfg.keys.attempts, job.id))
+                rnd.add(lambda p: p.hdel(cfg.keys.attempts, job.id, alone_field(job.id)))
 
         self.owed.append(add)
 
@@ -254,7 +273,7 @@ class JobPath:
         if owned and error.job_id is not None:
             job_id, cancel_key = error.job_id, cfg.keys.cancel(error.job_id)
             add_release(rnd, cfg, job_id)
-            rnd.add(lambda p: p.hdel(cfg.keys.attempts, job_id))
+            rnd.add(lambda p: p.hdel(cfg.keys.attempts, job_id, alone_field(job_id)))
             rnd.add(lambda p: p.delete(cancel_key))
 
     def _acked(self, name: str | bytes, reply) -> None:

@@ -30,7 +30,8 @@ class Keys:
 
     @property
     def attempts(self) -> str:
-        """Hash job id -> attempts started (counted before running, so a crash counts)."""
+        """Hash job id -> attempts started (counted before running, so a crash counts), and
+        `alone_field(id)` -> 1 once an attempt ran alone (worker/run/isolation.py)."""
         return f"{self.prefix}:attempts"
 
     def out(self, job_id: str) -> str:
@@ -56,3 +57,8 @@ def group_name(model: str) -> str:
 
     path = model.rstrip("/")
     return os.path.basename(path) if os.path.isdir(path) else path.replace("/", "--")
+
+
+def alone_field(job_id: str) -> str:
+    """The attempts hash's field saying an attempt of `job_id` ran alone ("/" is in no job id)."""
+    return f"{job_id}/alone"

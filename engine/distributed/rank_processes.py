@@ -45,8 +45,16 @@ JOIN_TIMEOUT_S = 10.0
 JOIN_POLL_S = 0.1
 
 
+ANOTHER_ENGINE = (
+    "another tensor-parallel engine is open in this process (torch.distributed has one default group per "
+    "process): close it first (LLMEngine.close(), or open engines with `with LLMEngine(...) as engine`)"
+)
+
+
 class RankProcesses:
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        if torch.distributed.is_initialized():  # before spawning anything: fail at once, not at the join
+            raise TensorParallelError(ANOTHER_ENGINE)
         self.size = config.tensor_parallel_size
         self.device = device
         self.timeout_s = config.distributed_timeout_s

@@ -18,13 +18,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.errors import FailureCode
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import MaskRows
 
-# (request, why it failed), for the engine to finish with an error.
-Failure = tuple[Request, str]
+log = structlog.get_logger("conveyor.engine")
+# (request, why it failed, code), for the engine to finish with an error.
+Failure = tuple[Request, str, FailureCode]
+_INVALID = FailureCode.INVALID_PARAMS
 
 
 @dataclass
@@ -93,7 +98,7 @@ class StructuredOutputManager:
                 continue  # aborted while compiling
             error = future.exception()
             if error is not None:
-                failures.append((request, str(error) or type(error).__name__))
+                failures.append((request, str(error) or type(error).__name__, _INVALID))
                 continue
             import xgrammar as xgr
 
@@ -101,7 +106,9 @@ class StructuredOutputManager:
             tracked = _Tracked(matcher, 0)
             bad = _accept(tracked, request.output_token_ids)
             if bad is not None:
-                failures.append((request, f"output token {bad} published earlier does not fit the grammar"))
+                failures.append(
+                    (request, f"output token {bad} published earlier does not fit the grammar", _INVALID)
+                )
                 continue
             self._matchers[seq_id] = tracked
             if request.status is RequestStatus.WAITING_FOR_GRAMMAR:
@@ -124,10 +131,18 @@ class StructuredOutputManager:
             tracked = self._matchers.get(request.request_id)
             if tracked is None:
                 continue
-            bad = _accept(tracked, request.output_token_ids)
+            try:
+                bad = _accept(tracked, request.output_token_ids)
+            except Exception as exc:  # a matcher bug ends this request only
+                del self._matchers[request.request_id]
+                log.exception("grammar matcher failed", request_id=request.group_id)
+                failures.append(
+                    (request, f"grammar matcher: {type(exc).__name__}: {exc}", FailureCode.INTERNAL)
+                )
+                continue
             if bad is not None:
                 del self._matchers[request.request_id]
-                failures.append((request, f"sampled token {bad} does not fit the grammar"))
+                failures.append((request, f"sampled token {bad} does not fit the grammar", _INVALID))
         return failures
 
     def close(self) -> None:

@@ -25,6 +25,12 @@ def admit(kv: KVBlockManager, req: Request) -> tuple[int, ...]:
     return compute(kv, req, req.num_tokens - cached.num_tokens, cached)
 
 
+def free(kv: KVBlockManager, req: Request) -> None:
+    """Free, then check the pool against the tables: a free that breaks a count fails at that free."""
+    kv.free(req)
+    kv.check_invariants()
+
+
 def refs(kv: KVBlockManager) -> list[int]:
     return [b.ref_cnt for b in kv.pool.blocks]
 
@@ -42,7 +48,7 @@ def test_allocate_append_across_boundary_and_free_tail_first():
     req.append_output_token(52)  # token 13 needs a new block
     assert compute(kv, req, 1) == (3,)
     assert refs(kv)[:5] == [1, 1, 1, 1, 0]
-    kv.free(req)
+    free(kv, req)
     assert kv.num_used_blocks == 0
     # Never-used blocks first, then this request's blocks tail first.
     assert kv.pool.free_order() == [4, 5, 6, 7, 3, 2, 1, 0]
@@ -61,7 +67,7 @@ def test_prefix_hit_shares_blocks_and_counts_tokens():
     kv = KVBlockManager(num_blocks=8, block_size=4)
     a = make_request("a", list(range(10)))
     admit(kv, a)
-    kv.free(a)  # free order: 3..7, 2, 1, 0
+    free(kv, a)  # free order: 3..7, 2, 1, 0
     b = make_request("b", list(range(8)) + [90, 91, 92])
     cached = kv.get_computed_blocks(b)
     assert [blk.block_id for blk in cached.blocks] == [0, 1] and cached.num_tokens == 8
@@ -71,8 +77,8 @@ def test_prefix_hit_shares_blocks_and_counts_tokens():
     assert admit(kv, c) == (4,)
     assert refs(kv)[:5] == [2, 2, 0, 1, 1]
     assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (10 + 11 + 9, 0 + 8 + 8)
-    kv.free(b)
-    kv.free(c)
+    free(kv, b)
+    free(kv, c)
     assert all(r == 0 for r in refs(kv))
     kv.check_invariants()
 
@@ -102,13 +108,13 @@ def test_evicted_block_drops_stale_hash_mapping():
     admit(kv, a)
     h0 = kv.pool.blocks[0].block_hash
     assert h0 == hash_block_tokens(None, [1, 2, 3, 4])
-    kv.free(a)
+    free(kv, a)
     assert kv.pool.free_order() == [1, 0]
     b = make_request("b", [8, 8, 8, 8, 8, 8, 8, 8])
     assert admit(kv, b) == (1, 0)  # block 0 reused for other content
     kv.check_invariants()
     assert kv.pool.blocks[0].block_hash != h0
-    kv.free(b)
+    free(kv, b)
     a2 = make_request("a2", [1, 2, 3, 4, 5])
     assert kv.get_computed_blocks(a2).num_tokens == 0  # no hit on block 0's new content
 
@@ -119,8 +125,8 @@ def test_lru_evicts_least_recently_freed_cached_block_first():
     b = make_request("b", [5, 6, 7])
     admit(kv, a)  # blocks 0, 1
     admit(kv, b)  # blocks 2, 3
-    kv.free(a)
-    kv.free(b)
+    free(kv, a)
+    free(kv, b)
     assert kv.pool.free_order() == [1, 0, 3, 2]
     c = make_request("c", [9, 9, 9])
     assert admit(kv, c) == (1, 0)  # a's blocks go first: a's cached prefix evicted, b's survives
@@ -149,9 +155,9 @@ def test_fork_shares_full_blocks_and_copies_partial_block():
     assert kv.block_ids("c") == (0, 1, 3)
     assert refs(kv)[:4] == [2, 2, 1, 1]
     kv.check_invariants()
-    kv.free(parent)
+    free(kv, parent)
     assert refs(kv)[:4] == [1, 1, 0, 1]
-    kv.free(child)
+    free(kv, child)
     assert kv.num_used_blocks == 0
 
 

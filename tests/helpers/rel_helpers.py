@@ -164,12 +164,20 @@ class Workers:
     log_dir: Path
     spawned: list[WorkerProc] = field(default_factory=list)
 
-    def spawn(self, url: str, consumer: str, *extra: str, group: str = GROUP) -> WorkerProc:
+    def spawn(
+        self, url: str, consumer: str, *extra: str, group: str = GROUP, env: dict[str, str] | None = None
+    ) -> WorkerProc:
         args = [sys.executable, "-m", "worker.cli", "worker", "--model", self.model, "--redis-url", url]
         args += ["--consumer", consumer, "--group", group, "--metrics-port", "0"]
         args += ["--num-kv-blocks", "4096", "--max-num-seqs", "24", "--max-num-batched-tokens", "1024"]
         args += ["--lease-ms", "1200", *extra]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            **(env or {}),
+        }
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         log = self.log_dir / f"worker-{consumer}-{len(self.spawned)}.log"
         proc = subprocess.Popen(

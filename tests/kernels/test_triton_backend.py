@@ -76,7 +76,8 @@ def test_resolves_by_name():
 
 
 def test_agrees_with_torch_backend():
-    torch_backend = pytest.importorskip("engine.attention.torch_backend")
+    from engine.attention import torch_backend
+
     batch, query, key, value, meta = _step([1, 9, 1], [33, 9, 70], torch.float32)
     k2, v2 = batch.k_cache.clone(), batch.v_cache.clone()
     ours, theirs = TritonAttentionBackend(), torch_backend.TorchAttentionBackend()

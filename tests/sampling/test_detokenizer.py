@@ -88,7 +88,7 @@ def test_step_cost_is_a_small_window(tokenizer):
 
 
 class _DecodeOnly:
-    """Hides the Rust tokenizer, so the detokenizer takes its generic decode-window path."""
+    """Hides the Rust tokenizer, so the detokenizer takes its generic decode-window path (no profile)."""
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
@@ -99,10 +99,10 @@ class _DecodeOnly:
 
 @settings(max_examples=150, deadline=None)
 @given(prompt=token_lists, ids=token_lists, sizes=chunk_sizes)
-def test_decode_stream_path_and_generic_path_agree(tokenizer, prompt, ids, sizes):
+def test_profiled_path_and_generic_path_agree(tokenizer, prompt, ids, sizes):
     fast = IncrementalDetokenizer(tokenizer, prompt)
     slow = IncrementalDetokenizer(_DecodeOnly(tokenizer), prompt)
-    assert fast._stream is not None and slow._stream is None
+    assert fast._profile is not None and slow._profile is None
     for chunk in _chunks(ids, sizes):
         a, b = fast.add(chunk), slow.add(chunk)
         assert a == b or not (a and b)  # where both emit, the same text (the generic path may emit "")

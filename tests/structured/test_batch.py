@@ -20,7 +20,6 @@ from worker.batch.resume import read_answered
 from worker.cli.main import main
 from worker.intake.limits import Limits
 
-openai_types = pytest.importorskip("openai.types")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The two examples of OpenAI's Batch guide, as written there (max_tokens cut to keep the test fast).
@@ -113,6 +112,9 @@ def test_a_partial_last_line_is_cut_before_resuming(tmp_path):
 @pytest.mark.redis
 @pytest.mark.timeout(300)
 def test_openai_batch_file_end_to_end(redis_server, r, llm, tmp_path):
+    # A test extra: imported here, so that collecting the module needs only the core packages.
+    from openai import types as openai_types
+
     schema = SCHEMAS["classification"]
     fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}}
     entries = [
@@ -237,6 +239,9 @@ WORDS = {"regex": "[a-z]{4,10}( [a-z]{2,9}){3}"}
 @pytest.mark.redis
 @pytest.mark.timeout(300)
 def test_logprobs_in_openai_shapes_join_to_the_text(redis_server, r, llm, tmp_path):
+    # A test extra: imported here, so that collecting the module needs only the core packages.
+    from openai import types as openai_types
+
     entries = [
         _chat("chat", logprobs=True, top_logprobs=3, structured_outputs=WORDS, max_tokens=40, temperature=0),
         {

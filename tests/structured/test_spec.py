@@ -55,7 +55,10 @@ def test_refused(kwargs, message):
 
 
 def test_text_format_keeps_every_option():
-    SamplingParams(response_format={"type": "text"}, min_tokens=2, ignore_eos=True)
+    """{"type": "text"} constrains nothing, so the options refused with a grammar stay allowed and kept."""
+    params = SamplingParams(response_format={"type": "text"}, min_tokens=2, ignore_eos=True)
+    assert params.grammar_spec is None
+    assert (params.min_tokens, params.ignore_eos) == (2, True)
 
 
 def test_bounded_strings_become_patterns_recursively():

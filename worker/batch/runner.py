@@ -11,6 +11,7 @@ re-enqueues the same ids: the workers deduplicate them and the runner reads the 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -20,6 +21,7 @@ from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import from_event, line_error
 from worker.batch.progress import Progress
 from worker.batch.resume import DUPLICATE, read_answered
+from worker.client import NoAnswer
 from worker.job_queue import Cursor, JobQueue, read_outputs
 from worker.keys import EVENT_FIELD
 
@@ -48,10 +50,14 @@ class BatchRunner:
         max_in_flight: int = 256,
         block_ms: int = 1000,
         progress: bool | None = None,
+        idle_timeout_s: float = 0.0,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.queue = queue
+        # Jobs in flight and no event for this long: raise NoAnswer (0: wait for ever).
+        self.idle_timeout_s = idle_timeout_s
+        self._last_event = time.monotonic()
         self.max_in_flight, self.block_ms, self.progress = max_in_flight, block_ms, progress
 
     def run(self, input_path: str, output_path: str, errors_path: str | None = None) -> BatchSummary:
@@ -59,6 +65,7 @@ class BatchRunner:
         total = sum(1 for line in _lines(input_path))
         skipped = sum(1 for line in _lines(input_path) if parse_custom_id(line) in answered.custom_ids)
         bar = Progress(total, skipped, self.progress)
+        self._last_event = time.monotonic()
         inflight: dict[str, _InFlight] = {}
         seen: set[str] = set()
         with open(output_path, "a", encoding="utf-8") as out, _maybe_open(errors_path) as errors:
@@ -98,6 +105,14 @@ class BatchRunner:
     def _collect(self, inflight: dict[str, _InFlight]) -> None:
         """Read what the in-flight jobs' streams gained (blocking up to block_ms); write finished jobs."""
         found = read_outputs(self.queue, {k: p.cursor for k, p in inflight.items()}, self.block_ms)
+        now = time.monotonic()
+        if found:
+            self._last_event = now
+        elif self.idle_timeout_s and now - self._last_event > self.idle_timeout_s:
+            raise NoAnswer(
+                f"no event for {len(inflight)} jobs in flight within {self.idle_timeout_s:g}s: "
+                "is a worker serving this queue?"
+            )
         for key, entries in found:
             pending = inflight.get(key)
             if pending is None:

@@ -49,6 +49,12 @@ def redis_options(f):
                 help="redis://, rediss:// (TLS); user:password@ for ACL",
                 callback=_redis_url_option,
             ),
+            opt(
+                "--redis-socket-timeout",
+                type=click.FloatRange(min=0.1),
+                default=30.0,
+                help="seconds a Redis reply may take before the connection counts as lost (a frozen network)",
+            ),
             opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
             opt("--redis-keyfile", default=None, help="TLS: client key"),
@@ -67,15 +73,16 @@ def _client(kw: dict, cluster: bool = False):
     tls = TlsOptions(
         kw.pop("redis_ca_certs"), kw.pop("redis_certfile"), kw.pop("redis_keyfile"), kw.pop("redis_cert_reqs")
     )
+    socket_timeout = kw.pop("redis_socket_timeout")
     if not cluster:
-        return connect(kw.pop("redis_url"), tls)
+        return connect(kw.pop("redis_url"), tls, socket_timeout)
     from redis.exceptions import RedisClusterException
 
     from worker.cluster.connect import connect_cluster
 
     url = kw.pop("redis_url")
     try:
-        return connect_cluster(url, tls)
+        return connect_cluster(url, tls, socket_timeout)
     except (RedisClusterException, redis.ConnectionError) as exc:
         raise click.ClickException(f"cannot use the Redis Cluster at --redis-url: {exc}") from exc
 
@@ -139,7 +146,7 @@ def worker(**kw: Any) -> None:
     from engine import LLMEngine
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
-    from worker.cli.preflight import PreflightError, check_eviction_policy, wait_reachable
+    from worker.cli.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
     from worker.cli.tiny_model import resolve_model
     from worker.keys import group_name
     from worker.run.consumer_lease import ConsumerNameTaken
@@ -148,9 +155,14 @@ def worker(**kw: Any) -> None:
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
     url = kw["redis_url"]
+    if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
+        raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
     client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
+        if not kw["cluster"]:  # (a cluster's nodes are checked by each shard's first round)
+            keys = Keys(**pop_config_kwargs(Keys, dict(kw)))
+            check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -180,6 +192,8 @@ def worker(**kw: Any) -> None:
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())
     try:
         w.run()
+        if getattr(w, "refused", None) is not None:  # Redis refused a command: logged once, exit non-zero
+            raise SystemExit(1)
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
     except ConsumerNameTaken as exc:
@@ -206,28 +220,33 @@ def submit(
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
 
+    from worker.cli.client_errors import one_line_errors
     from worker.client import events
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    queue = _queue(kw, keys, cluster, shards, replicas)
+    # --timeout bounds the whole call: no socket may wait longer (connecting included).
+    kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
+    url = kw["redis_url"]
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if seed is not None:
         job["seed"] = seed
-    shard = queue.submit(job)
-    for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
-        if event["type"] == "token":
-            click.echo(event["text"], nl=False)
-        elif event["type"] == "done":
-            u, t = event["usage"], event["timing"]
-            click.echo(
-                f"\n[{event['finish_reason']}: {u['prompt_tokens']} prompt + {u['completion_tokens']} tokens, "
-                f"ttft {t['ttft_ms']} ms, total {t['total_ms']} ms]",
-                err=True,
-            )
-        else:
-            click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
-            raise SystemExit(1)
+    with one_line_errors(url):
+        queue = _queue(kw, keys, cluster, shards, replicas)
+        shard = queue.submit(job)
+        for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
+            if event["type"] == "token":
+                click.echo(event["text"], nl=False)
+            elif event["type"] == "done":
+                u, t = event["usage"], event["timing"]
+                click.echo(
+                    f"\n[{event['finish_reason']}: {u['prompt_tokens']} prompt + {u['completion_tokens']} "
+                    f"tokens, ttft {t['ttft_ms']} ms, total {t['total_ms']} ms]",
+                    err=True,
+                )
+            else:
+                click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
+                raise SystemExit(1)
 
 
 @main.command()
@@ -316,6 +335,12 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
 @redis_options
 @opt("--errors-file", default=None, type=click.Path(dir_okay=False), help="also append failed lines here")
 @opt("--max-in-flight", type=int, default=256, help="jobs enqueued and not yet answered, at most")
+@opt(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="stop (rerun to resume) when no event came for this many seconds with jobs in flight (0: wait)",
+)
 @opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
 @cluster_client_options
 def batch_cmd(
@@ -323,6 +348,7 @@ def batch_cmd(
     output_path: str,
     errors_file,
     max_in_flight: int,
+    timeout: float,
     progress,
     cluster,
     shards,
@@ -331,11 +357,15 @@ def batch_cmd(
 ) -> None:
     """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
     from worker.batch.runner import BatchRunner
+    from worker.cli.client_errors import one_line_errors
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
-    queue = _queue(kw, keys, cluster, shards, replicas)
-    runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress)
-    s = runner.run(input_path, output_path, errors_file)
+    if timeout:
+        kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
+    with one_line_errors(kw["redis_url"], resume_hint=" (rerun the same command to resume)"):
+        queue = _queue(kw, keys, cluster, shards, replicas)
+        runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress, idle_timeout_s=timeout)
+        s = runner.run(input_path, output_path, errors_file)
     click.echo(
         f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
         f"{s.completion_tokens} completion tokens",

@@ -1,5 +1,6 @@
-"""Checks before a worker loads its model: a Redis URL that can work, a server that answers, and a memory
-policy that will not evict the worker's keys.
+"""Checks before a worker loads its model: a Redis URL that can work, a server that answers, a user that
+may run every command the worker sends (worker/acl.py), and a memory policy that will not evict the
+worker's keys.
 
 Any `maxmemory-policy` but `noeviction` lets Redis delete keys when it is full: `allkeys-*` the requests
 stream itself (jobs vanish without an event), `volatile-*` every key with a TTL, which includes every
@@ -16,6 +17,8 @@ from typing import Any
 import redis
 import structlog
 
+from worker.acl import OPTIONAL_COMMANDS, missing_commands
+from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff
 
 
@@ -49,11 +52,21 @@ def wait_reachable(client: redis.Redis, url: str, tries: int = START_TRIES) -> N
         except DOWN_ERRORS as exc:
             if attempt == tries:
                 raise PreflightError(
-                    f"cannot reach Redis at {_safe(url)} after {tries} tries: {exc}"
+                    f"cannot reach Redis at {safe_url(url)} after {tries} tries: {exc}"
                 ) from exc
             delay = backoff.next_delay()
             _log().warning("redis not reachable yet", error=str(exc), attempt=attempt, retry_in_s=delay)
             time.sleep(delay)
+
+
+def check_permissions(client: redis.Redis, cfg: WorkerConfig) -> None:
+    """PreflightError naming every command the URL's user may not run on the worker's keys and channels."""
+    missing = [c for c in missing_commands(client, cfg) if c not in OPTIONAL_COMMANDS]
+    if missing:
+        raise PreflightError(
+            f"the Redis user in --redis-url may not run {' '.join(missing)} on {cfg.keys.prefix}:* keys "
+            "and channels: grant them (docs/operations.md, Security)"
+        )
 
 
 def check_eviction_policy(client: redis.Redis, allow_eviction: bool) -> str | None:
@@ -90,7 +103,7 @@ def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _safe(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL without its password, for messages."""
     parsed = redis.connection.urlparse(url)
     if parsed.password:

@@ -10,7 +10,7 @@ or the worker; `Publisher` puts a plan's batch into a round and handles the repl
 
 All of a step's events go out as one script call (`WRITE`), which per job XADDs the events and only while
 they succeed PUBLISHes them, refreshes the TTL and, after a terminal event, acknowledges the request
-entry and deletes the job's owner, attempts and cancel keys. A worker whose lease lapsed and whose
+entry and deletes the job's owner, attempts (both fields, see keys.alone_field) and cancel keys. A worker whose lease lapsed and whose
 successor wrote first therefore changes nothing: the entry stays pending for the successor (or for
 whoever reclaims it if the successor dies too), and live subscribers see no second history. In a plain
 MULTI the XACK would run even though the XADD before it failed (MULTI does not roll back).
@@ -64,7 +64,7 @@ for j = 0, (#KEYS - 2) / 3 - 1 do
     if entry ~= '' then
       redis.pcall('XACK', requests, group, entry)
       redis.call('DEL', owner, cancel)
-      redis.pcall('HDEL', attempts, job)
+      redis.pcall('HDEL', attempts, job, job .. '/alone')
     end
   end
   results[j + 1] = result
@@ -146,7 +146,8 @@ def plan_events(
                 delta.finish_reason, delta.text or "", delta.num_output_tokens
             )
             job.prompt_tokens = max(job.prompt_tokens, delta.num_prompt_tokens)
-            job.error = job.error or delta.error
+            if delta.error and not job.error:
+                job.error, job.error_code = delta.error, delta.error_code
         if job.dropped:
             if len(job.finished) == job.n:
                 plan.forget.append(job.job_id)
@@ -162,8 +163,13 @@ def plan_events(
     plan.has_tokens = bool(by_job)
     for job in plan.done:
         # The ack rides in the same script call, only if the terminal event was written (see WRITE).
-        # A sample whose grammar failed after admission ends the job with an error event, not done.
-        last = error_event("invalid_params", job.error) if job.error else done_event(job, now_ms)
+        # A sample whose grammar failed after admission, or whose handling raised, ends the job with an
+        # error event, not done.
+        last = (
+            error_event(job.error_code or "invalid_params", job.error)
+            if job.error
+            else done_event(job, now_ms)
+        )
         plan.batch.add(job, [*by_job.pop(job.job_id, ()), last], terminal=True)
     for job_id, payloads in by_job.items():
         plan.batch.add(inflight[job_id], payloads)

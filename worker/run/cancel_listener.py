@@ -51,6 +51,9 @@ class CancelListener:
                     if message and message.get("type") in (b"message", "message", b"smessage", "smessage"):
                         self._add(message["data"])
                 pubsub.close()
+            except redis.exceptions.NoPermissionError as exc:  # an ACL without (s)subscribe: no retry helps
+                log.error("cancel channel refused (ACL): cancels by key only", error=str(exc))
+                return
             # ShardMoved: cluster mode, until the worker rebuilt. TypeError / AttributeError: in cluster mode
             # the pool that follows a moved slot closes this connection from another thread, and redis-py
             # then fails inside its read on the closed socket.

@@ -54,6 +54,7 @@ class InFlight:
     stop_reason: str | None = None  # "cancel" | "deadline" once aborted by the worker
     ttl_set_at: float | None = None  # time.monotonic() of the output stream's last EXPIRE
     error: str | None = None  # a sample ended in an engine error (its grammar failed): error event, not done
+    error_code: str | None = None  # its code: invalid_params (grammar) or internal_error (a bug)
     stage: Stage = Stage.READ
     dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
 

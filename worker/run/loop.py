@@ -27,6 +27,7 @@ import gc
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import NamedTuple
 
 import redis
@@ -35,7 +36,7 @@ import structlog
 from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.config import WorkerConfig
-from worker.connection import DOWN_ERRORS, Backoff, with_retry
+from worker.connection import DOWN_ERRORS, Backoff, cut_off, with_retry
 from worker.intake.read_policy import OneLane, ReadPolicy
 from worker.intake.stream_reader import Reader
 from worker.intake.stream_trim import Trimmer
@@ -43,9 +44,11 @@ from worker.job_path import JobPath
 from worker.publish.publisher import Publisher, plan_events
 from worker.recover.redis_health import RedisHealth
 from worker.recover.takeover_claim import Reclaimer
+from worker.run import fault_injection
 from worker.run.aborts import Aborter
 from worker.run.cancel_listener import CancelListener
 from worker.run.consumer_lease import ConsumerLease
+from worker.run.isolation import Isolation, add_refund
 from worker.run.job_lease import add_release, add_renewal
 from worker.run.job_record import Arrived, InFlight
 from worker.run.metrics import Metrics
@@ -56,6 +59,7 @@ from worker.run.stop import IdleStop, StopFlag, StopRequested
 
 log = structlog.get_logger("conveyor.worker")
 _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
+LAST_WRITE_S = 2.0  # the last round at a stop, at most: then the sockets are cut (a frozen network)
 
 
 class Step(NamedTuple):
@@ -85,8 +89,12 @@ class Worker:
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
+        # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
+        self._cut_off = lambda: cut_off(client)
+        self.stop.on_expired(self._cut_off)
         self.health = RedisHealth(self.observer.redis_full)
         self.inflight: dict[str, InFlight] = {}
+        self.isolation = Isolation(self.inflight)  # jobs that survived a crash run alone
         self.arrived: list[Arrived] = []  # READ: looked up in the next round (job_path.py)
         self.cancels = CancelListener(client, cfg.keys.cancel_channel, sharded=cfg.cluster)
         self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
@@ -98,7 +106,13 @@ class Worker:
         self.trimmer = Trimmer(cfg.keys.requests)
         self.consumer_lease = ConsumerLease(client, cfg)
         self.path = JobPath(
-            cfg, engine, self.inflight.get, self._admitted, self.observer.outcome, self._readmit
+            cfg,
+            engine,
+            self.inflight.get,
+            self._admitted,
+            self.observer.outcome,
+            self._readmit,
+            self.isolation,
         )
         self.publisher = Publisher(self._lost, self._full, self.path.acknowledged, sharded_pubsub=cfg.cluster)
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
@@ -110,6 +124,7 @@ class Worker:
         self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
         self._refused_for_memory = False  # in the round being dispatched
         self._events_sampled_at: float | None = None  # of the newest token events owed to Redis
+        self.refused: str | None = None  # Redis refused a command for lack of permission (ACL): why
 
     @property
     def metrics(self) -> Metrics:
@@ -135,6 +150,13 @@ class Worker:
         except StopRequested as exc:
             self._redis_lost = True
             log.warning("stopping while Redis is unavailable or full", error=str(exc))
+        except redis.exceptions.NoPermissionError as exc:
+            # Waiting will not help and every later round would be refused too: stop writing, exit.
+            self._redis_lost, self.refused = True, str(exc)
+            log.error(
+                "redis refused a command (ACL): grant the worker's commands, docs/operations.md Security",
+                error=str(exc),
+            )
         finally:
             self.shutdown()
 
@@ -170,6 +192,8 @@ class Worker:
 
     def step_engine(self, step: Step) -> Stepped:
         deltas = self.engine.step() if step.busy else []
+        if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
+            fault_injection.kill_if_armed(deltas)
         return Stepped(deltas, time.perf_counter(), time.time())
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
@@ -179,7 +203,7 @@ class Worker:
         step.rnd.dispatch(self._results(step.rnd, future))
         if step.reads:
             self.policy.read_back(0, step.reads, len(self.arrived))
-        self._reading = 0
+        self._reading = self._admitting = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
             self.backoff.reset()
@@ -188,7 +212,9 @@ class Worker:
 
     def has_work(self) -> bool:
         """Jobs in flight or read, commands owed to Redis, or a heartbeat due: a round to send."""
-        return bool(self.inflight or self.arrived or self.owes() or self._heartbeat_due())
+        return bool(
+            self.inflight or self.arrived or self.isolation.held or self.owes() or self._heartbeat_due()
+        )
 
     def owes(self) -> bool:
         """Writes decided on replies or produced by a step, not sent yet."""
@@ -222,8 +248,11 @@ class Worker:
         draining, full = self.stop.warm.is_set(), self.health.is_full
         self._admitting = 0
         if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
-            self.arrived = []
-        else:  # (Redis full: refused again and kept for the next try, see _readmit)
+            self.arrived, self.isolation.held = [], []
+        else:
+            self.arrived.extend(
+                self.isolation.release()
+            )  # (Redis full: refused again and kept for the next try, see _readmit)
             for arrived in self.arrived:
                 self.path.look_up(rnd, arrived)
             self._admitting, self.arrived = len(self.arrived), []
@@ -294,7 +323,7 @@ class Worker:
     def room(self) -> int:
         """Jobs this worker can start now: free sequence slots, and KV blocks at the current per-job use."""
         stats = self.engine.stats()
-        if stats.num_waiting > 0:
+        if stats.num_waiting > 0 or self.isolation.running_alone() or self.isolation.held:
             return 0
         free_slots, free_blocks = self.engine.free_capacity()
         per_job = max(1, math.ceil(stats.num_kv_blocks_used / stats.num_running)) if stats.num_running else 1
@@ -347,12 +376,27 @@ class Worker:
         if plan.has_tokens:
             self._events_sampled_at = sampled_at
         for job in plan.done:
+            if job.error:
+                log.warning("job failed", request_id=job.job_id, code=job.error_code, reason=job.error)
             del self.inflight[job.job_id]
             self.path.finish(job)
             self.observer.finished(job, now_ms)
         self.publisher.queue(plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------
+    def _last_write(self, rnd: Round) -> None:
+        def write() -> None:
+            if len(rnd):
+                execute(self.client, rnd)
+            self.consumer_lease.release()
+
+        future = self.io.submit(write)
+        try:
+            future.result(timeout=LAST_WRITE_S)
+        except FutureTimeout:
+            cut_off(self.client)  # the write's read fails at once
+            future.result(timeout=LAST_WRITE_S)
+
     def forget_jobs(self) -> set[str]:
         """Redis lost this worker's last writes (its master failed over): forget every job and all that is
         owed to Redis, since the new master's state is the truth now, aborting the jobs in the engine
@@ -361,6 +405,7 @@ class Worker:
         aborted = {job.job_id for job in self.inflight.values() if self.engine.abort(job.job_id)}
         self.inflight.clear()
         self.arrived, self._admitting, self._reading = [], 0, 0
+        self.isolation.held = []
         self.path.owed.clear()
         self.publisher.owed.clear()
         self.consumer_lease.owed = False
@@ -385,11 +430,10 @@ class Worker:
         self._add_owed(rnd)
         for job in left:
             add_release(rnd, self.cfg, job.job_id)
+            add_refund(rnd, self.cfg, job.job_id)  # a warm stop is no crash (worker/run/isolation.py)
         if self._started and not self.stop.cold.is_set() and not self._redis_lost:
             try:
-                if len(rnd):
-                    execute(self.client, rnd)
-                self.consumer_lease.release()
+                self._last_write(rnd)
             except _REDIS_FAILURES as exc:
                 log.warning("could not write the last round", error=str(exc))
         for job in left:
@@ -398,4 +442,7 @@ class Worker:
             self.cancels.stop()
             gc.unfreeze()
         self.io.shutdown(wait=True)
-        log.info("worker stopped", left_unacknowledged=len(left))
+        self.stop.forget(self._cut_off)
+        # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
+        unacked = len(left) + len(self.arrived) + self._admitting
+        log.info("worker stopped", left_unacknowledged=unacked)

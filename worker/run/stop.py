@@ -2,13 +2,16 @@
 
 Signal handlers only call `request()`. Everything that waits (back-off after a Redis error, an idle loop)
 waits on `sleep()`, which wakes at once when a stop is asked for, so a stop is bounded by the drain timeout
-even while Redis is unreachable or full.
+even while Redis is unreachable or full. A read that hangs on a frozen network (no error, no reply) does
+not wait on `sleep()`: when the drain time runs out (or at a cold stop) the `on_expired` callbacks run on
+a timer thread, and the worker's one cuts its Redis sockets (worker.connection.cut_off).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 
 class StopRequested(Exception):
@@ -21,13 +24,35 @@ class StopFlag:
         self.warm = threading.Event()
         self.cold = threading.Event()
         self.drain_deadline: float | None = None  # time.monotonic() when a warm stop turns cold
+        self._on_expired: list[Callable[[], None]] = []
+        self._fired = threading.Event()
+
+    def on_expired(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on a timer thread) once the stop is cold or its drain time is over."""
+        self._on_expired.append(callback)
+
+    def forget(self, callback: Callable[[], None]) -> None:
+        """Do not call `callback` after all (its worker has stopped: its client may live on elsewhere)."""
+        if callback in self._on_expired:
+            self._on_expired.remove(callback)
 
     def request(self) -> None:
         if self.warm.is_set():
             self.cold.set()
+            self._expire()
             return
         self.drain_deadline = time.monotonic() + self.drain_timeout_s
         self.warm.set()
+        timer = threading.Timer(self.drain_timeout_s, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self) -> None:
+        if self._fired.is_set():
+            return
+        self._fired.set()
+        for callback in list(self._on_expired):
+            callback()
 
     def expired(self) -> bool:
         """A cold stop, or a warm one whose drain time is over: stop waiting for Redis."""

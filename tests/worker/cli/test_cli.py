@@ -164,3 +164,10 @@ def test_a_server_without_config_is_let_through_with_a_warning(redis_server, r):
         with structlog.testing.capture_logs() as logs:
             assert check_eviction_policy(r, allow_eviction=False) is None
     assert any("CONFIG unavailable" in e["event"] for e in logs)
+
+
+def test_a_socket_timeout_not_longer_than_the_idle_block_is_a_usage_error(no_engine):
+    result = CliRunner().invoke(
+        main, ["worker", "--model", "/m", "--redis-socket-timeout", "1", "--block-ms", "1000"]
+    )
+    assert result.exit_code == 2 and "must be longer than --block-ms" in result.output

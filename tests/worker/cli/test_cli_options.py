@@ -72,6 +72,7 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     # No Redis here: the start-up checks (tested in test_cli.py) are not what this test is about.
     monkeypatch.setattr(worker.cli.preflight, "wait_reachable", lambda client, url: None)
     monkeypatch.setattr(worker.cli.preflight, "check_eviction_policy", lambda client, allow: None)
+    monkeypatch.setattr(worker.cli.preflight, "check_permissions", lambda client, cfg: None)
 
     def built(engine, client, cfg):
         raise _Built(engine, cfg)

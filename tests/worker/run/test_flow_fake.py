@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.worker_fakes import FakeEngine, blocked_clients, running_worker, wait_until
 from worker.client import collect, enqueue
-from worker.keys import Keys
+from worker.keys import Keys, alone_field
 from worker.protocol import parse_event
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -115,12 +115,15 @@ def test_cancel_mid_generation_frees_blocks(redis_server, r, how):
 
 
 def test_deadline_past_refused_and_near_future_stops(redis_server, r):
+    """The near deadline's window opens only once the worker is seen reading (its answer to "late"), so a
+    slow start on a loaded machine cannot use it up; 400 steps of >= 10 ms outlast its 1.5 s."""
     with running_worker(FakeEngine(step_s=0.01), redis_server.url):
-        now_ms = int(time.time() * 1000)
-        enqueue(r, {"id": "late", "prompt": "x", "deadline_ms": now_ms - 1})
-        enqueue(r, {"id": "soon", "prompt": "x", "max_tokens": 400, "deadline_ms": now_ms + 300})
+        enqueue(r, {"id": "late", "prompt": "x", "deadline_ms": int(time.time() * 1000) - 1})
         assert collect(r, "late", timeout_s=10)[-1]["code"] == "deadline_exceeded"
-        done = collect(r, "soon", timeout_s=10)[-1]
+        enqueue(
+            r, {"id": "soon", "prompt": "x", "max_tokens": 400, "deadline_ms": int(time.time() * 1000) + 1500}
+        )
+        done = collect(r, "soon", timeout_s=20)[-1]
         assert done["finish_reason"] == "abort" and done["reason"] == "deadline"
         assert 0 < done["usage"]["completion_tokens"] < 400
 
@@ -156,14 +159,28 @@ def test_resume_continues_a_half_written_stream(redis_server, r):
 
 
 def test_too_many_attempts_goes_to_dead_letter(redis_server, r):
+    """3 attempts used, one of them alone (worker/run/isolation.py): the job is charged, dead-lettered."""
     r.xgroup_create(K.requests, "test", id="0", mkstream=True)
     enqueue(r, {"id": "crashy", "prompt": "x"})
     r.xreadgroup("test", "dead-worker", {K.requests: ">"})
-    r.hset(K.attempts, "crashy", 3)
+    r.hset(K.attempts, mapping={"crashy": 3, alone_field("crashy"): 1})
     with running_worker(FakeEngine(), redis_server.url, lease_ms=300, max_attempts=3):
         events = collect(r, "crashy", timeout_s=10)
     assert events[-1]["code"] == "too_many_attempts"
     assert r.xrange(K.dead)[0][1][b"code"] == b"too_many_attempts"
+    assert r.hlen(K.attempts) == 0
+
+
+def test_attempts_used_only_in_shared_batches_buy_one_run_alone(redis_server, r):
+    """3 attempts used, none alone (crashes of batches it shared): it runs once more, alone, and finishes."""
+    r.xgroup_create(K.requests, "test", id="0", mkstream=True)
+    enqueue(r, {"id": "bystander", "prompt": "x", "max_tokens": 3})
+    r.xreadgroup("test", "dead-worker", {K.requests: ">"})
+    r.hset(K.attempts, "bystander", 3)
+    with running_worker(FakeEngine(), redis_server.url, lease_ms=300, max_attempts=3):
+        events = collect(r, "bystander", timeout_s=10)
+    assert events[-1]["type"] == "done"
+    assert r.hlen(K.attempts) == 0 and not r.xrange(K.dead)
 
 
 def test_restart_under_same_name_finishes_own_pending(redis_server, r):
@@ -201,3 +218,20 @@ def test_reads_only_what_fits(redis_server, r):
         assert max(engine.batch_sizes) <= 2
         for k in range(6):
             assert collect(r, f"f{k}", timeout_s=20)[-1]["type"] == "done"
+
+
+def test_a_warm_stop_gives_back_the_attempt_it_leaves_unfinished(redis_server, r):
+    """Drained unfinished: its attempt is refunded, so the next worker runs it in a batch, not alone."""
+    r.xgroup_create(K.requests, "test", id="0", mkstream=True)
+    enqueue(r, {"id": "long", "prompt": "x", "max_tokens": 400})
+    with running_worker(FakeEngine(step_s=0.01), redis_server.url, drain_timeout_s=0.2):
+        wait_until(lambda: r.xlen(K.out("long")) >= 3, 10, "tokens of the long job")
+        assert r.hget(K.attempts, "long") == b"1"
+    assert r.hget(K.attempts, "long") == b"0" and not r.hexists(K.attempts, alone_field("long"))
+    assert r.xpending(K.requests, "test")["pending"] == 1  # left for the next worker
+    engine = FakeEngine()
+    with running_worker(engine, redis_server.url) as worker:
+        enqueue(r, {"id": "other", "prompt": "y", "max_tokens": 50})
+        events = collect(r, "long", timeout_s=20)
+        assert worker.isolation.alone is None
+    assert events[-1]["type"] == "done"
