@@ -89,6 +89,9 @@ def exchange(client: redis.Redis, rounds: Sequence[Round]) -> list[list[Any] | B
 def _settle(rnd: Round, framed: list[Any], callbacks) -> list[Any] | BaseException:
     """[MULTI's reply, one +QUEUED or refusal per command, EXEC's reply] -> the commands' parsed replies."""
     queued, replies = framed[1:-1], framed[-1]
+    if isinstance(framed[0], BaseException):  # MULTI refused (an ACL without it): say why, as is
+        rnd.retried = True
+        return framed[0]
     if isinstance(replies, BaseException):
         rnd.retried = True  # EXEC aborted: nothing ran, but say so to whoever resends it
         refused = next((r for r in queued if isinstance(r, BaseException)), None)

@@ -85,12 +85,12 @@ def test_a_user_missing_commands_is_refused_at_start_in_one_line(server, admin, 
 
     loaded = []
     monkeypatch.setattr(engine, "LLMEngine", lambda *a, **k: loaded.append(a), raising=False)
-    url = user_url(admin, server, "partial", without=("exec", "hget", "xautoclaim"))
+    url = user_url(admin, server, "partial", without=("exec", "hmget", "xautoclaim"))
     result = CliRunner().invoke(main, ["worker", "--model", "/nowhere", "--redis-url", url])
     assert result.exit_code == 1 and loaded == []
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
-    assert "may not run exec xautoclaim hget on conveyor:*" in lines[0]
+    assert "may not run exec xautoclaim hmget on conveyor:*" in lines[0]
 
 
 @pytest.mark.parametrize("dropped", [c for c in WORKER_COMMANDS if c not in ("config|get",)])
