@@ -137,3 +137,22 @@ def test_a_round_whose_reply_is_late_is_not_sent_again_behind_the_workers_back(r
         assert redis.Redis.from_url(redis_server.url).get("n") == b"1"
     finally:
         client.close()
+
+
+def test_the_public_pipeline_path_gives_the_same_replies(c):
+    from worker.run.redis_io import exchange_public
+
+    def rounds() -> list[Round]:
+        good, bad = Round(), Round()
+        good.add(lambda p: p.hset("h", mapping={"f": "v"}))
+        good.add(lambda p: p.hgetall("h"))
+        good.add(lambda p: p.xadd("s", {"a": "b"}, id="0-1"))
+        good.add(lambda p: p.xrange("s"))
+        bad.raw(("GET",))
+        return [good, Round(), bad]
+
+    fast = exchange(c, rounds())
+    c.flushall()
+    public = exchange_public(c, rounds())
+    assert fast[:2] == public[:2] == [[1, {b"f": b"v"}, b"0-1", [(b"0-1", {b"a": b"b"})]], []]
+    assert type(fast[2]) is type(public[2]) and str(fast[2]) == str(public[2])
