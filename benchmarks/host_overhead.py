@@ -196,7 +196,7 @@ def build_engine(model_dir: Path, clock: Clock, max_num_seqs: int, num_kv_blocks
     clock.time_attribute(runner, "prepare", clock.wrap("prepare", runner.prepare))
     clock.time_attribute(runner, "sampler", _TimedSampler(runner.sampler, clock))
     clock.time_attribute(TextStream, "append", clock.wrap("detokenize", _APPEND))  # every stream
-    # As the worker does when it starts (worker/loop.py): the start-up heap (torch, transformers, the
+    # As the worker does when it starts (worker/run/loop.py): the start-up heap (torch, transformers, the
     # model) is frozen out of the collector's view. Without it a full collection (~200 ms here) lands in
     # the measured steps or not depending on allocation counts, i.e. on luck.
     gc.collect()

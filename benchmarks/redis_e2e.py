@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.workload import Job, bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
+from worker.cli.tiny_model import resolve_model  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.keys import EVENT_FIELD, Keys  # noqa: E402
-from worker.tiny import resolve_model  # noqa: E402
 
 
 def make_engine(args):
@@ -108,9 +108,9 @@ def consume(url: str, prefix: str, ids: list[str], ready, result) -> None:
 
 
 def run_redis(args, url: str) -> dict:
-    from worker.loop import Worker
-    from worker.metrics import Metrics
-    from worker.observer import Tracer
+    from worker.run.loop import Worker
+    from worker.run.metrics import Metrics
+    from worker.run.observer import Tracer
 
     engine = make_engine(args)
     warm_up(engine, args.workload)

@@ -113,7 +113,7 @@ def serve(
 
         worker = ShardedWorker(engine, connect_cluster(url), cfg)
     else:
-        from worker.loop import Worker
+        from worker.run.loop import Worker
 
         worker = Worker(engine, connect(url), cfg)
     threading.Thread(

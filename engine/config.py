@@ -1,6 +1,6 @@
 """Engine configuration: frozen, validated once. Values found at start-up are passed separately.
 
-Each `EngineConfig` field is also a `conveyor worker` option (worker/cli_options.py builds them): its name
+Each `EngineConfig` field is also a `conveyor worker` option (worker/cli/options.py builds them): its name
 with dashes, its default, choices from its Literal type and the help text in its metadata.
 """
 

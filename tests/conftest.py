@@ -66,7 +66,7 @@ def uncached_logging(monkeypatch):
     uncached, and reset after every test."""
     import structlog
 
-    from worker import logs
+    from worker.cli import logs
 
     configure = logs.configure
 

@@ -14,9 +14,11 @@ import redis
 
 from worker.config import WorkerConfig
 
-# Lower-case, `command|subcommand` as ACL SETUSER writes them. Sources: round.py (MULTI/EXEC), reads.py,
-# admit.py, aborts.py, lease.py, refuse.py, reclaim.py, cancel.py, consumer_lease.py, script.py, preflight.py, the
-# observer's XINFO GROUPS, and the scripts in publish.py, trim.py and consumer_lease.py.
+# Lower-case, `command|subcommand` as ACL SETUSER writes them. Sources (under worker/): run/redis_io.py
+# (MULTI/EXEC), intake/stream_reader.py, job_path.py (lookups incl. HMGET attempts, attempt counts incl.
+# HSET of the alone field, refusals), run/aborts.py, run/job_lease.py, recover/takeover_claim.py,
+# run/cancel_listener.py, run/consumer_lease.py, run/lua_script.py, cli/preflight.py, the observer's
+# XINFO GROUPS, and the scripts in publish/publisher.py, intake/stream_trim.py and run/consumer_lease.py.
 WORKER_COMMANDS: tuple[str, ...] = (
     "ping",
     "multi",
@@ -85,7 +87,7 @@ def _probes(cfg: WorkerConfig) -> dict[str, tuple]:
         "exists": ("EXISTS", k.cancel(job)),
         "expire": ("EXPIRE", k.out(job), 1),
         "hmget": ("HMGET", k.attempts, job),
-        "hset": ("HSET", k.attempts, job, 0),
+        "hset": ("HSET", k.attempts, f"{job}/alone", 1),
         "hincrby": ("HINCRBY", k.attempts, job, 1),
         "hdel": ("HDEL", k.attempts, job),
         "publish": ("PUBLISH", k.cancel_channel, job),

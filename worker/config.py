@@ -7,8 +7,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.intake.limits import Limits
 from worker.keys import Keys
-from worker.limits import Limits
 
 
 def default_consumer() -> str:
@@ -24,7 +24,7 @@ def knob(default: Any, help: str, cli: str | None = None) -> Any:
 @dataclass(frozen=True)
 class WorkerConfig:
     """The worker's settings; each field but group, keys and limits is also a `conveyor worker` option
-    (worker/cli_options.py), and Limits' fields are too."""
+    (worker/cli/options.py), and Limits' fields are too."""
 
     group: str
     consumer: str = field(

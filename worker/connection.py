@@ -13,7 +13,7 @@ import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from worker.redis_health import RedisHealth
+from worker.recover.redis_health import RedisHealth
 
 log = structlog.get_logger("conveyor.redis")
 T = TypeVar("T")
@@ -76,7 +76,7 @@ class Backoff:
 
 
 class Waiter(Protocol):
-    """What a retry loop asks of whoever may stop it (worker.stop.StopFlag)."""
+    """What a retry loop asks of whoever may stop it (worker.run.stop.StopFlag)."""
 
     def expired(self) -> bool: ...
 
@@ -102,7 +102,7 @@ def with_retry(
     waited out with back-off; a refused password is not. Gives up only when `stop` has expired, raising
     StopRequested with the last Redis error as its cause. (Whether Redis has room again is for the caller
     to say: an EXEC that went through may still hold commands refused for lack of memory.)"""
-    from worker.stop import StopRequested
+    from worker.run.stop import StopRequested
 
     stop = stop or _NeverStop()
     backoff = backoff or Backoff()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class Keys:
     """Names under one prefix. The request and dead-letter streams can be renamed on their own."""
 
-    # The metadata is each field's command-line option (worker/cli_options.py).
+    # The metadata is each field's command-line option (worker/cli/options.py).
     prefix: str = field(default="conveyor", metadata={"help": "key prefix"})
     requests_stream: str = field(
         default="", metadata={"help": "requests stream (default <prefix>:requests)", "cli": "stream"}
@@ -31,7 +31,7 @@ class Keys:
     @property
     def attempts(self) -> str:
         """Hash job id -> attempts started (counted before running, so a crash counts), and
-        `alone_field(id)` -> 1 once an attempt ran alone (worker/isolation.py)."""
+        `alone_field(id)` -> 1 once an attempt ran alone (worker/run/isolation.py)."""
         return f"{self.prefix}:attempts"
 
     def out(self, job_id: str) -> str:

@@ -1,7 +1,8 @@
 """The wire schema, version 1: jobs in, events out. docs/protocol.md describes the same models in prose.
 
-The worker builds event payloads with plain `json.dumps` on the hot path (see events.py); these models are
-the contract those payloads are tested against, and what clients may use to parse them.
+The worker builds event payloads with plain `json.dumps` on the hot path (see
+publish/event_payloads.py); these models are the contract those payloads are tested against, and what
+clients may use to parse them.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Job(BaseModel):
     # Sampling parameters: None means "the engine's default". Range checks are the engine's (SamplingParams).
     n: int | None = None
     # Absent: the engine's default (16). An explicit null: until the context is full (capped by the
-    # worker's --max-tokens-limit when set, see worker.admit).
+    # worker's --max-tokens-limit when set, see worker/run/engine_request.py).
     max_tokens: int | None = None
     min_tokens: int | None = None
     temperature: float | None = None

@@ -12,7 +12,7 @@ from redis.exceptions import RedisClusterException
 
 from tests.cluster.conftest import SHARDS, sharded_worker
 from tests.helpers.worker_fakes import FakeEngine
-from worker.cli import main
+from worker.cli.main import main
 from worker.cluster import local_cluster
 from worker.cluster.client import ClusterClient, shard_for
 from worker.cluster.connect import connect_cluster

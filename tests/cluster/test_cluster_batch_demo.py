@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from tests.cluster.conftest import sharded_worker
 from tests.helpers.worker_fakes import FakeEngine
-from worker.cli import main
+from worker.cli.main import main
 from worker.cluster.client import shard_for
 from worker.cluster.connect import connect_cluster
 

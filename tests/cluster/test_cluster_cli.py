@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from tests.cluster.conftest import SHARDS
 from tests.helpers.worker_fakes import real_engine, running_worker, spawn_worker
 from worker import local_redis
-from worker.cli import main
+from worker.cli.main import main
 from worker.client import collect, enqueue
 from worker.connection import connect
 

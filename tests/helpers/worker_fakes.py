@@ -19,7 +19,7 @@ from engine.outputs import EngineStats, StepDelta
 from tests.helpers.waiting import wait_until  # noqa: F401 (re-exported for the worker tests)
 from worker.config import WorkerConfig
 from worker.connection import connect
-from worker.loop import Worker
+from worker.run.loop import Worker
 
 
 class FakeTokenizer:

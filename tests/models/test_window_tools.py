@@ -8,7 +8,7 @@ import json
 from click.testing import CliRunner
 
 from engine.plan import format_plan, plan
-from worker.cli import main
+from worker.cli.main import main
 
 MISTRAL_7B_V01 = {
     "architectures": ["MistralForCausalLM"],

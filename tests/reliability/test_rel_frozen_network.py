@@ -18,7 +18,7 @@ from worker.client import collect, enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
 from worker.keys import Keys
-from worker.loop import Worker
+from worker.run.loop import Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 K = Keys()

@@ -1,7 +1,7 @@
 """Issue 20: a job that kills its worker (a native crash) is dead-lettered alone; an innocent job that
-shared its batch completes (worker/isolation.py).
+shared its batch completes (worker/run/isolation.py).
 
-The crash is worker/fault_injection.py's test-only hook: workers started with CONVEYOR_TEST_KILL_JOB=poison
+The crash is worker/run/fault_injection.py's test-only hook: workers started with CONVEYOR_TEST_KILL_JOB=poison
 SIGKILL themselves in the step where job "poison" has tokens."""
 
 from __future__ import annotations

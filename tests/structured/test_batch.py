@@ -17,8 +17,8 @@ from tests.helpers.worker_fakes import running_worker
 from tests.structured.schemas import SCHEMAS
 from worker.batch.openai_input import LineError, parse_line
 from worker.batch.resume import read_answered
-from worker.cli import main
-from worker.limits import Limits
+from worker.cli.main import main
+from worker.intake.limits import Limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,7 +12,7 @@ from worker import local_redis
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
-from worker.loop import Worker
+from worker.run.loop import Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

@@ -8,14 +8,14 @@ import pytest
 
 from engine.outputs import StepDelta
 from engine.sampling_params import SamplingParams
-from worker.errors import ErrorCode, JobError
-from worker.events import error_event, token_event
-from worker.intake import parse_entry
+from worker.cli.sizes import parse_size
+from worker.error_codes import ErrorCode, JobError
+from worker.intake.limits import Limits
+from worker.intake.parse_job import parse_entry
 from worker.keys import Keys
-from worker.limits import Limits
 from worker.protocol import SAMPLING_FIELDS, DoneEvent, ErrorEvent, Job, TokenEvent, parse_event
-from worker.resume import read_resume
-from worker.sizes import parse_size
+from worker.publish.event_payloads import error_event, token_event
+from worker.recover.resume_point import read_resume
 
 
 def test_job_sampling_fields_match_the_engine():

@@ -10,9 +10,10 @@ on 3 masters: 3 round trips a cycle, not 8).
     node B:  MULTI ..shard 1.. EXEC MULTI ..shard 4.. EXEC ...
 
 Failures are the shard's own business, as on one Redis: a round whose EXEC was refused (OOM, MOVED) gets
-that error and the rounds after it are read on; a write or read that breaks the connection fails that
-round and every later one on it, marked `retried` (they may have been applied). Each worker then sends
-its round again through its own shard client (Worker.finish), which follows a failover (connect.py).
+that error and the other rounds are still answered; a write or read that breaks the connection fails
+every round of that write, marked `retried` (they may have been applied). Each worker then sends its round
+again through its own shard client (Worker.finish), which follows a failover (connect.py). The bytes go
+through worker/run/redis_io.py, on one I/O thread per node, so the nodes' round trips overlap.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
-from worker.cluster.connect import MasterPool
-from worker.connection import DOWN_ERRORS
-from worker.round import Round
+from worker.run.redis_io import exchange
+from worker.run.round import Round
+
+_MAX_NODES = 16  # I/O threads: one per node written to in a cycle (more nodes queue behind them)
 
 
 class NodeRounds:
     def __init__(self) -> None:
-        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-node-io")
+        self.io = ThreadPoolExecutor(max_workers=_MAX_NODES, thread_name_prefix="conveyor-node-io")
         self.writes = 0  # round trips made (one per node per cycle): for tests and benchmarks
 
     def send(self, rounds: list[tuple[redis.Redis, Round]]) -> list[Future | None]:
@@ -42,77 +44,28 @@ class NodeRounds:
                 futures[i] = future
                 by_node.setdefault(_address(client), []).append((client, rnd, future))
         for group in by_node.values():
-            self._send_group(group)
+            self.writes += 1
+            self.io.submit(_exchange, group)
         return futures
-
-    def _send_group(self, group: list[tuple[redis.Redis, Round, Future]]) -> None:
-        client = group[0][0]  # any shard's pool on this node will do: they point at the same master
-        pool = client.connection_pool
-        try:
-            connection = pool.get_connection()
-        except DOWN_ERRORS as exc:
-            _fail_all(group, exc)
-            return
-        try:
-            connection.send_packed_command([chunk for _, rnd, _ in group for chunk in rnd.packed(connection)])
-        except BaseException as exc:
-            connection.disconnect()
-            pool.release(connection)
-            _fail_all(group, exc)
-            if not isinstance(exc, DOWN_ERRORS):
-                raise
-            return
-        self.writes += 1
-        self.io.submit(_receive, group, pool, connection)
 
     def close(self) -> None:
         self.io.shutdown(wait=True)
 
 
 def _address(client: redis.Redis) -> tuple:
-    pool = client.connection_pool
-    assert isinstance(pool, MasterPool)
-    return pool.connection_kwargs["host"], pool.connection_kwargs["port"]
+    kwargs = client.connection_pool.connection_kwargs
+    return kwargs.get("host"), kwargs.get("port"), kwargs.get("path")
 
 
-def _receive(group: list[tuple[redis.Redis, Round, Future]], pool, connection) -> None:
-    """Read each round's replies in order (on the I/O thread), give the connection back, then settle the
-    Futures (so the loop's next cycle finds the connection free)."""
-    outcomes: list[tuple[bool, object]] = []
-    broken: BaseException | None = None
-    for client, rnd, _ in group:
-        if broken is not None:
-            rnd.retried = True
-            outcomes.append(
-                (False, redis.ConnectionError(f"an earlier round on this connection failed: {broken}"))
-            )
-            continue
-        try:
-            outcomes.append((True, rnd.read(connection, client.response_callbacks)))
-        except BaseException as exc:
-            rnd.retried = True
-            if not _exec_refused(exc):  # the connection's state is unknown: nothing more is read on it
-                broken = exc
-            outcomes.append((False, exc))
-    if broken is not None:
-        connection.disconnect()
-    pool.release(connection)
-    for (_, _, future), (ok, value) in zip(group, outcomes, strict=True):
-        if ok:
-            future.set_result(value)
+def _exchange(group: list[tuple[redis.Redis, Round, Future]]) -> None:
+    """One write of the group's rounds on one node's connection (any shard's pool on this node will do:
+    they point at the same master), then each round's Future settled."""
+    try:
+        outcomes = exchange(group[0][0], [rnd for _, rnd, _ in group])
+    except BaseException as exc:  # not a Redis reply: fail the rounds rather than leave them waiting
+        outcomes = [exc] * len(group)
+    for (_, _, future), outcome in zip(group, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
         else:
-            future.set_exception(value)  # type: ignore[arg-type]
-
-
-def _exec_refused(exc: BaseException) -> bool:
-    """EXEC answered with an abort (Round.read raises it, or the refusal that caused it, once EXEC's reply
-    was read): the connection is still in step."""
-    return isinstance(exc, redis.exceptions.ExecAbortError) or isinstance(
-        exc.__cause__, redis.exceptions.ExecAbortError
-    )
-
-
-def _fail_all(group: list[tuple[redis.Redis, Round, Future]], exc: BaseException) -> None:
-    for _, rnd, future in group:
-        rnd.retried = True
-        future.set_exception(exc)
+            future.set_result(outcome)

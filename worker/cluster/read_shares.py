@@ -1,4 +1,5 @@
-"""How many new jobs each shard's round may ask for in one cycle: the room goes to one shard at a time.
+"""The read policy of Redis Cluster's shards (a lane per shard, intake/read_policy.py): the room goes to one
+shard at a time.
 
 A cycle's rounds are all built before any is answered, so a read in flight counts as taken room
 (Worker.reserved) and together they cannot take more than the engine has room for; a read that finds
@@ -24,19 +25,22 @@ shard's new work is seen within one rotation.
 
 from __future__ import annotations
 
+from worker.intake.read_policy import ReadPolicy
 
-class ReadShares:
+
+class ReadShares(ReadPolicy):
+    """No lane starves: a hungry shard waits at most one turn per other hungry shard; a shard that is not
+    hungry is probed within one rotation of the cycle's first shard (`first`)."""
+
     def __init__(self, shards: int, turn: int = 0) -> None:
-        self.hungry = [False] * shards
+        super().__init__(shards)
         self.turn = turn  # the hungry shard the room goes to
         self.taken = 0  # jobs it read since its turn began
         self.quota = 1  # a turn's worth: the most room seen
 
-    def shares(self, room: int, first: int) -> list[int]:
+    def split(self, room: int, first: int) -> list[int]:
         """Per shard, the most jobs its read may ask for this cycle; `first` leads the cycle's order."""
         n = len(self.hungry)
-        if room <= 0:
-            return [0] * n
         self.quota = max(self.quota, room)
         if not any(self.hungry):  # short queues: the first in the rotation may take it all
             return [room if k == first else 0 for k in range(n)]
@@ -48,7 +52,7 @@ class ReadShares:
 
     def read_back(self, shard: int, asked: int, got: int) -> None:
         """Shard's read asked for `asked` jobs and got `got`."""
-        self.hungry[shard] = got >= asked
+        super().read_back(shard, asked, got)
         if shard != self.turn:
             return
         self.taken += got

@@ -16,12 +16,14 @@ answered at the server's next cron tick), so an idle cycle takes about max(block
 When a shard's master fails and a replica takes over, the writes this worker made last (events, acks) may
 not have reached the replica. The shard's worker then forgets its jobs (aborted in the engine, nothing
 written) and starts over from the new master's state, as a worker restarted under the same name would:
-its pending entries are read again and resumed from the events their output streams hold (resume.py).
+its pending entries are read again and resumed from the events their output streams hold
+(recover/resume_point.py).
 """
 
 from __future__ import annotations
 
 import zlib
+from concurrent import futures as cf
 from dataclasses import replace
 
 import structlog
@@ -34,10 +36,12 @@ from worker.cluster.read_shares import ReadShares
 from worker.cluster.shard_keys import ShardedKeys
 from worker.cluster.shared_engine import SharedEngine
 from worker.config import WorkerConfig
-from worker.loop import Step, Worker
-from worker.metrics import Metrics
-from worker.observer import Observer
-from worker.stop import StopFlag, StopRequested
+from worker.intake.lanes import cluster_shards
+from worker.intake.read_policy import ReadPolicy
+from worker.run.loop import Step, Worker
+from worker.run.metrics import Metrics
+from worker.run.observer import Observer
+from worker.run.stop import StopFlag, StopRequested
 
 log = structlog.get_logger("conveyor.worker")
 
@@ -57,15 +61,16 @@ class ShardedWorker:
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         per_shard_block = max(1, cfg.block_ms // cfg.shards)
         self.workers: list[Worker] = []
-        for k, keys in enumerate(self.sharded.all()):
-            shard_cfg = replace(cfg, keys=keys, cluster=True, block_ms=per_shard_block)
-            client = shard_client(cluster, keys.requests, fence_moves=True)
+        # A lane per shard (intake/lanes.py), each read by its own Worker.
+        for k, lane in enumerate(cluster_shards(cfg.keys.prefix, cfg.shards, cfg.group)):
+            shard_cfg = replace(cfg, keys=lane.keys, cluster=True, block_ms=per_shard_block)
+            client = shard_client(cluster, lane.stream, fence_moves=True)
             self.workers.append(Worker(self.shared.views[k], client, shard_cfg, self.observer, self.stop))
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
         self._next = 0  # the shard ticked first in the next cycle
         # Workers start their turns at different shards (read_shares.py), so they drain different backlogs.
-        self.reads = ReadShares(cfg.shards, turn=zlib.crc32(cfg.consumer.encode()) % cfg.shards)
+        self.reads: ReadPolicy = ReadShares(cfg.shards, turn=zlib.crc32(cfg.consumer.encode()) % cfg.shards)
         # Shards rebuilt after a failover, with the ids of the jobs they aborted: their pending entries are
         # read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
@@ -127,6 +132,10 @@ class ShardedWorker:
                 continue
             begun.append((k, step))
         futures = self.nodes.send([(self.workers[k].client, step.rnd) for k, step in begun])
+        # Rounds that count an attempt are answered before the step that runs the job (job_path.py).
+        cf.wait(
+            [f for (_, step), f in zip(begun, futures, strict=True) if f is not None and step.rnd.before_step]
+        )
         stepped = [self.workers[k].step_engine(step) for k, step in begun]
         for (k, step), future, done in zip(begun, futures, stepped, strict=True):
             try:
@@ -136,6 +145,7 @@ class ShardedWorker:
                 continue
             if step.reads:
                 self.reads.read_back(k, step.reads, len(self.workers[k].arrived))
+            self.reads.charge(k, sum(len(d.new_token_ids) for d in done.deltas))
 
     def _has_work(self, room: int) -> bool:
         """Whether any shard has a step or a round to do this cycle, or a backlog to read (a hungry shard,

@@ -1,0 +1,174 @@
+"""Read policies over lanes, with plain ints: the contract on ReadPolicy, and each policy's own order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.cluster.read_shares import ReadShares
+from worker.intake.fair_share import FairShare
+from worker.intake.home_first import HomeFirst
+from worker.intake.priority_lanes import PriorityLanes
+from worker.intake.read_policy import OneLane, ReadPolicy
+
+
+def feed(policy: ReadPolicy, shares: list[int], backlog: list[int]) -> list[int]:
+    """Each lane's read takes min(share, backlog) entries; returns what each got."""
+    got = [min(s, b) for s, b in zip(shares, backlog, strict=True)]
+    for k, share in enumerate(shares):
+        if share:
+            policy.read_back(k, share, got[k])
+            backlog[k] -= got[k]
+    return got
+
+
+# ---- the contract -----------------------------------------------------------------------------------
+POLICIES = {
+    "one": lambda n: OneLane(),
+    "priority": lambda n: PriorityLanes(n, patience=3),
+    "fair": lambda n: FairShare([1.0 + k for k in range(n)], patience=3),
+    "home": lambda n: HomeFirst(n, {0}, patience=3),
+    "shares": lambda n: ReadShares(n),
+}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=60, deadline=None)
+@given(
+    lanes=st.integers(1, 5),
+    rounds=st.lists(st.integers(0, 12), min_size=1, max_size=40),
+)
+def test_never_more_than_the_room_and_every_waiting_lane_is_read(name, lanes, rounds):
+    policy = POLICIES[name](lanes)
+    n = policy.lanes
+    backlog = [10**6] * n  # every lane always has entries waiting
+    since = [0] * n  # rounds with room since the lane was last given a share
+    for room in rounds:
+        shares = policy.shares(room, first=room % n)
+        assert len(shares) == n and min(shares) >= 0 and max(shares) <= max(room, 0)
+        # ReadShares may probe the rotation's first lane on top of the turn's full share (read_policy.py).
+        assert sum(shares) <= room + (1 if name == "shares" else 0)
+        feed(policy, shares, backlog)
+        for k in range(n):
+            since[k] = 0 if shares[k] or room <= 0 else since[k] + 1
+        # bound: patience + lanes for aged policies; a turn per other lane for ReadShares, at most n
+        # quotas of the largest room seen (12) in rounds of at least one
+        bound = 3 + n if name != "shares" else n * 12 + n
+        assert max(since) <= bound, (shares, since)
+
+
+def test_a_policy_that_offers_more_than_the_room_is_caught():
+    class Greedy(ReadPolicy):
+        def split(self, room: int, first: int) -> list[int]:
+            return [room + 1]
+
+    with pytest.raises(AssertionError, match="breaks its contract"):
+        Greedy(1).shares(4)
+    assert Greedy(1).shares(0) == [0]  # no room: nothing is asked of the policy
+
+
+def test_oldest_first_across_lanes_is_the_longest_wait():
+    policy = PriorityLanes(3, patience=100)
+    policy.waited = [2, 5, 5]
+    assert policy.by_wait([0, 1, 2]) == [1, 2, 0]
+
+
+# ---- one stream ---------------------------------------------------------------------------------------
+def test_one_lane_takes_all_the_room():
+    assert OneLane().shares(7) == [7] and OneLane().shares(0) == [0]
+
+
+# ---- priority lanes -----------------------------------------------------------------------------------
+def test_priority_lanes_read_the_highest_level_with_work_first():
+    policy = PriorityLanes(3, patience=100)
+    assert policy.shares(8) == [8, 0, 0]  # unknown lanes are read as if full
+    policy.read_back(0, asked=8, got=2)  # level 0 drained
+    assert policy.shares(8) == [1, 7, 0]  # probed with one; level 1 takes the rest
+    policy.read_back(0, asked=1, got=1)  # new work at level 0: it takes the room again
+    assert policy.shares(8) == [8, 0, 0]
+
+
+def test_a_job_of_priority_0_behind_a_flood_of_priority_10_is_read_first():
+    """Issue 23's case: eight jobs of priority 10 queued first, then one of priority 0, room for one."""
+    policy = PriorityLanes(2, patience=100)
+    backlog = [0, 8]  # lane 0: priority 0, lane 1: priority 10
+    order = []
+    for step in range(24):
+        if step == 1:
+            backlog[0] += 1  # the urgent job arrives after the flood started
+        got = feed(policy, policy.shares(1), backlog)
+        order += [k for k, g in enumerate(got) for _ in range(g)]
+    assert order.index(0) <= 2 and order.count(1) == 8  # read within two rounds of arriving
+
+
+def test_a_low_level_below_a_flood_still_moves():
+    policy = PriorityLanes(2, patience=4)
+    backlog = [10**6, 10**6]
+    got = [0, 0]
+    for _ in range(50):
+        for k, g in enumerate(feed(policy, policy.shares(2), backlog)):
+            got[k] += g
+    assert got[1] >= 50 // 5 and got[0] > got[1]
+
+
+# ---- weighted fair share ------------------------------------------------------------------------------
+def test_fair_share_serves_tokens_in_proportion_to_the_weights():
+    policy = FairShare([3.0, 1.0], patience=100)
+    backlog = [10**6, 10**6]
+    served = [0, 0]
+    for _ in range(400):
+        for k, g in enumerate(feed(policy, policy.shares(4), backlog)):
+            cost = 10 * g  # every job costs 10 tokens
+            policy.charge(k, cost)
+            served[k] += cost
+    assert abs(served[0] / served[1] - 3.0) < 0.15, served
+
+
+def test_a_flood_cannot_delay_another_tenants_jobs():
+    """Tenant A has 200 jobs queued; tenant B's 20 arrive later: B is read within two rounds, and from
+    then on gets its share (half, equal weights), not what A's backlog leaves."""
+    policy = FairShare([1.0, 1.0], patience=100, job_cost=10)  # every job costs 10 tokens
+    backlog = [200, 0]
+    for _ in range(10):  # A alone: A accumulates service
+        for k, g in enumerate(feed(policy, policy.shares(4), backlog)):
+            policy.charge(k, 10 * g)
+    backlog[1] = 20
+    b_per_round = []
+    for _ in range(8):
+        got = feed(policy, policy.shares(4), backlog)
+        for k, g in enumerate(got):
+            policy.charge(k, 10 * g)
+        b_per_round.append(got[1])
+    first = next(i for i, g in enumerate(b_per_round) if g)
+    after = b_per_round[first + 1 :]
+    assert first <= 1 and abs(sum(after) - 2 * len(after)) <= 3, b_per_round
+
+
+def test_a_lane_backlogged_again_banks_no_credit():
+    policy = FairShare([1.0, 1.0], patience=100)
+    policy.hungry = [True, False]
+    policy.counter = [500.0, 0.0]  # lane 1 idle all along
+    policy.read_back(1, asked=1, got=1)
+    assert policy.counter[1] == 500.0  # starts level with the backlogged lane, not 500 tokens ahead
+
+
+# ---- home lanes and stealing --------------------------------------------------------------------------
+def test_home_lanes_first_and_stealing_only_when_home_lanes_are_short():
+    policy = HomeFirst(3, {0, 1}, patience=100)
+    policy.hungry = [False, True, True]
+    assert policy.shares(6) == [0, 6, 0]  # home lane 1 has work: no stealing
+    policy.read_back(1, asked=6, got=3)  # drained
+    assert policy.shares(6) == [1, 1, 4]  # home lanes probed, the rest stolen from lane 2
+    policy.hungry = [False, False, False]
+    assert policy.shares(6) in ([6, 0, 0], [0, 6, 0])  # short queues: one home lane reads it all
+
+
+def test_a_shard_whose_home_worker_died_is_still_read():
+    policy = HomeFirst(2, {0}, patience=5)
+    backlog = [10**6, 10**6]  # this worker's home lane never runs dry
+    got = [0, 0]
+    for _ in range(60):
+        for k, g in enumerate(feed(policy, policy.shares(3), backlog)):
+            got[k] += g
+    assert got[1] >= 60 // 6 and got[0] > got[1]

@@ -1,0 +1,5 @@
+"""`python -m worker.cli ...`: the `conveyor` command."""
+
+from worker.cli.main import main
+
+main()

@@ -1,0 +1,377 @@
+"""`conveyor` command line: worker, submit, demo, make-tiny-model, plan.
+
+Every option can also come from the environment: CONVEYOR_<OPTION> (e.g. CONVEYOR_REDIS_URL,
+CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>. The worker's engine and worker options are
+made from EngineConfig, WorkerConfig and Limits (worker/cli/options.py): defaults and help live there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import redis
+
+from engine.config import EngineConfig, literal_choices
+from engine.models.registry import TINY_ARCHS
+from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
+from worker.cli.sizes import parse_size
+from worker.config import WorkerConfig
+from worker.intake.limits import Limits
+from worker.keys import Keys
+
+ENGINE_DEFAULTS = config_defaults(EngineConfig)
+# `conveyor plan` sizes for a concrete dtype: every engine dtype but "auto".
+PLAN_DTYPES = [d for d in literal_choices(EngineConfig, "dtype") or () if d != "auto"]
+# Fields that are not options of their own: the group comes from --group (default: from the model), the
+# keys and limits from their own dataclasses' options.
+WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
+# `conveyor submit` writes to the requests stream only.
+CLIENT_KEYS_NOT_OPTIONS = ("dead_stream",)
+
+
+def _redis_url_option(ctx, param, value: str) -> str:
+    """A URL redis-py cannot use fails here, with exit code 2, before any model is loaded."""
+    from worker.cli.preflight import check_url
+
+    try:
+        return check_url(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def redis_options(f):
+    for decorator in reversed(
+        [
+            opt(
+                "--redis-url",
+                default="redis://localhost:6379/0",
+                help="redis://, rediss:// (TLS); user:password@ for ACL",
+                callback=_redis_url_option,
+            ),
+            opt(
+                "--redis-socket-timeout",
+                type=click.FloatRange(min=0.1),
+                default=30.0,
+                help="seconds a Redis reply may take before the connection counts as lost (a frozen network)",
+            ),
+            opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
+            opt("--redis-certfile", default=None, help="TLS: client certificate"),
+            opt("--redis-keyfile", default=None, help="TLS: client key"),
+            opt("--redis-cert-reqs", type=click.Choice(["required", "optional", "none"]), default=None),
+            config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def _client(kw: dict, cluster: bool = False):
+    """A client for --redis-url: redis-py's cluster client in cluster mode (worker/cluster/connect.py)."""
+    from worker.connection import TlsOptions, connect
+
+    tls = TlsOptions(
+        kw.pop("redis_ca_certs"), kw.pop("redis_certfile"), kw.pop("redis_keyfile"), kw.pop("redis_cert_reqs")
+    )
+    socket_timeout = kw.pop("redis_socket_timeout")
+    if not cluster:
+        return connect(kw.pop("redis_url"), tls, socket_timeout)
+    from redis.exceptions import RedisClusterException
+
+    from worker.cluster.connect import connect_cluster
+
+    url = kw.pop("redis_url")
+    try:
+        return connect_cluster(url, tls, socket_timeout)
+    except (RedisClusterException, redis.ConnectionError) as exc:
+        raise click.ClickException(f"cannot use the Redis Cluster at --redis-url: {exc}") from exc
+
+
+def cluster_client_options(f):
+    """--cluster, --shards, --replicas: for the commands that submit jobs (submit, batch, demo)."""
+    for decorator in reversed(
+        [
+            opt(
+                "--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)"
+            ),
+            opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards"),
+            opt(
+                "--replicas",
+                type=int,
+                default=0,
+                help="cluster mode: WAIT until this many replicas have a job",
+            ),
+        ]
+    ):
+        f = decorator(f)
+    return f
+
+
+def _queue(kw: dict, keys: Keys, cluster: bool, shards: int, replicas: int):
+    """Where jobs go (worker/job_queue.py): --redis-url's one Redis, or in cluster mode its shards."""
+    from worker.job_queue import SingleQueue
+
+    if not cluster:
+        return SingleQueue(_client(kw), keys)
+    from worker.cluster.client import ClusterClient
+    from worker.cluster.shard_keys import ShardedKeys
+
+    return ClusterClient(_client(kw, cluster=True), ShardedKeys(keys.prefix, shards), replicas=replicas)
+
+
+@click.group(context_settings={"auto_envvar_prefix": "CONVEYOR", "show_default": True})
+def main() -> None:
+    """Conveyor: LLM inference workers fed by Redis Streams."""
+
+
+@main.command()
+@config_options(EngineConfig)
+@redis_options
+@config_options(Keys, exclude=("prefix", "requests_stream"))
+@opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
+@config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
+@config_options(Limits)
+@opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
+@opt(
+    "--torch-threads",
+    type=int,
+    default=0,
+    help="torch intra-op threads (0: torch's default, one per core)",
+)
+@opt("--log-level", default="info")
+def worker(**kw: Any) -> None:
+    """Serve jobs from the requests stream until SIGTERM (drain) or a second signal (exit at once)."""
+    import signal
+
+    from engine import LLMEngine
+    from engine.distributed.errors import TensorParallelError
+    from worker.cli import logs
+    from worker.cli.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
+    from worker.cli.tiny_model import resolve_model
+    from worker.keys import group_name
+    from worker.run.consumer_lease import ConsumerNameTaken
+    from worker.run.loop import Worker
+
+    logs.configure(kw.pop("log_level"))
+    engine_kw = pop_config_kwargs(EngineConfig, kw)
+    url = kw["redis_url"]
+    if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
+        raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
+    client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
+    try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
+        wait_reachable(client, url)
+        if not kw["cluster"]:  # (a cluster's nodes are checked by each shard's first round)
+            keys = Keys(**pop_config_kwargs(Keys, dict(kw)))
+            check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
+        check_eviction_policy(client, kw["allow_eviction"])
+    except PreflightError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except redis.AuthenticationError as exc:
+        raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
+    model = resolve_model(engine_kw.pop("model"))
+    if threads := kw.pop("torch_threads"):
+        import torch
+
+        torch.set_num_threads(threads)
+    engine = LLMEngine(model, **engine_kw)
+    cfg = WorkerConfig(
+        group=kw["group"] or group_name(model),
+        keys=Keys(**pop_config_kwargs(Keys, kw)),
+        limits=Limits(**pop_config_kwargs(Limits, kw)),
+        **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
+    )
+    if cfg.cluster:  # one Worker per shard over this engine
+        from worker.cluster.sharded_worker import ShardedWorker
+
+        w: Worker | ShardedWorker = ShardedWorker(engine, client, cfg)
+    else:
+        w = Worker(engine, client, cfg)
+    w.metrics.serve(kw["metrics_port"])
+    # Handlers only set a flag; the loop does the rest between steps.
+    signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
+    signal.signal(signal.SIGINT, lambda *_: w.stop.request())
+    try:
+        w.run()
+        if getattr(w, "refused", None) is not None:  # Redis refused a command: logged once, exit non-zero
+            raise SystemExit(1)
+    except redis.AuthenticationError as exc:
+        raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
+    except ConsumerNameTaken as exc:
+        raise click.ClickException(str(exc)) from exc
+    except TensorParallelError as exc:
+        # Exit non-zero (the engine logged the failure): leases lapse, other workers take the jobs over.
+        raise click.ClickException(f"engine failed: {exc}") from exc
+    # Tensor-parallel ranks are stopped by the engine's atexit hook, on every way out of here.
+
+
+@main.command()
+@click.argument("prompt")
+@redis_options
+@opt("--id", "job_id", default=None, help="job id (default: random)")
+@opt("--max-tokens", type=int, default=64)
+@opt("--temperature", type=float, default=0.0)
+@opt("--seed", type=int, default=None)
+@opt("--chat", is_flag=True, help="send the prompt as one user message (chat template)")
+@opt("--timeout", type=float, default=300.0)
+@cluster_client_options
+def submit(
+    prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, cluster, shards, replicas, **kw
+) -> None:
+    """Enqueue one job and stream its tokens to the terminal as they arrive."""
+    import uuid
+
+    from worker.cli.client_errors import one_line_errors
+    from worker.client import events
+
+    keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
+    # --timeout bounds the whole call: no socket may wait longer (connecting included).
+    kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
+    url = kw["redis_url"]
+    job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
+    job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+    if seed is not None:
+        job["seed"] = seed
+    with one_line_errors(url):
+        queue = _queue(kw, keys, cluster, shards, replicas)
+        shard = queue.submit(job)
+        for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
+            if event["type"] == "token":
+                click.echo(event["text"], nl=False)
+            elif event["type"] == "done":
+                u, t = event["usage"], event["timing"]
+                click.echo(
+                    f"\n[{event['finish_reason']}: {u['prompt_tokens']} prompt + {u['completion_tokens']} "
+                    f"tokens, ttft {t['ttft_ms']} ms, total {t['total_ms']} ms]",
+                    err=True,
+                )
+            else:
+                click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
+                raise SystemExit(1)
+
+
+@main.command()
+@opt(
+    "--redis-url",
+    default="redis://127.0.0.1:6379/0",
+    help="used if a server answers there, else one is started",
+)
+@opt("--jobs", type=int, default=4)
+@opt("--max-tokens", type=int, default=48)
+@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
+@cluster_client_options
+def demo(
+    redis_url: str, jobs: int, max_tokens: int, arch: str, cluster: bool, shards: int, replicas: int
+) -> None:
+    """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side (with
+    --cluster: a Redis Cluster's node at the URL, or a local 3-master cluster started for it)."""
+    from worker.cli.demo import run_demo
+
+    run_demo(redis_url, jobs, max_tokens, arch, cluster=cluster, shards=shards, replicas=replicas)
+
+
+@main.command("make-tiny-model")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], show_default=True)
+@click.option(
+    "--sliding-window",
+    type=click.IntRange(min=1),
+    default=None,
+    help="attend to the last N positions (mistral, qwen2, qwen3: every layer; gemma2/3: their sliding layers)",
+)
+def make_tiny_model_cmd(out_dir: str, arch: str, sliding_window: int | None) -> None:
+    """Write a small random checkpoint with its tokenizer (no downloads)."""
+    from engine.tiny_model import make_tiny_model
+
+    click.echo(str(make_tiny_model(out_dir, arch=arch, sliding_window=sliding_window)))
+
+
+def _size_option(ctx, param, value):
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@main.command("plan")
+@click.option("--model", required=True, help="checkpoint folder or its config.json")
+@click.option("--memory", required=True, callback=_size_option, help="e.g. 80GiB, 512MiB")
+@click.option("--max-model-len", type=int, default=None)
+@click.option("--dtype", type=click.Choice(PLAN_DTYPES), default="bfloat16", show_default=True)
+@click.option("--block-size", type=int, default=ENGINE_DEFAULTS["block_size"], show_default=True)
+@click.option("--max-num-seqs", type=int, default=ENGINE_DEFAULTS["max_num_seqs"], show_default=True)
+@click.option(
+    "--max-num-batched-tokens", type=int, default=ENGINE_DEFAULTS["max_num_batched_tokens"], show_default=True
+)
+@click.option(
+    "--seq-len", "seq_lens", type=int, multiple=True, help="sequence lengths to size for (repeatable)"
+)
+@click.option(
+    "--tensor-parallel-size", type=int, default=1, show_default=True, help="GPUs the model splits over"
+)
+def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int, **kw) -> None:
+    """How many KV blocks and concurrent sequences fit in a memory budget (reads only config.json)."""
+    from engine.plan import format_plan, plan
+
+    try:
+        result = plan(
+            model,
+            memory,
+            max_model_len,
+            dtype=dtype,
+            block_size=block_size,
+            seq_lens=kw["seq_lens"] or None,
+            max_num_seqs=kw["max_num_seqs"],
+            max_num_batched_tokens=kw["max_num_batched_tokens"],
+            tensor_parallel_size=kw["tensor_parallel_size"],
+        )
+    except (OSError, KeyError, ValueError) as exc:
+        raise click.ClickException(f"cannot plan for {model}: {exc}") from exc
+    click.echo(format_plan(result))
+
+
+@main.command("batch")
+@click.option("-i", "--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False))
+@redis_options
+@opt("--errors-file", default=None, type=click.Path(dir_okay=False), help="also append failed lines here")
+@opt("--max-in-flight", type=int, default=256, help="jobs enqueued and not yet answered, at most")
+@opt(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="stop (rerun to resume) when no event came for this many seconds with jobs in flight (0: wait)",
+)
+@opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
+@cluster_client_options
+def batch_cmd(
+    input_path: str,
+    output_path: str,
+    errors_file,
+    max_in_flight: int,
+    timeout: float,
+    progress,
+    cluster,
+    shards,
+    replicas,
+    **kw,
+) -> None:
+    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
+    from worker.batch.runner import BatchRunner
+    from worker.cli.client_errors import one_line_errors
+
+    keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
+    if timeout:
+        kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
+    with one_line_errors(kw["redis_url"], resume_hint=" (rerun the same command to resume)"):
+        queue = _queue(kw, keys, cluster, shards, replicas)
+        runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress, idle_timeout_s=timeout)
+        s = runner.run(input_path, output_path, errors_file)
+    click.echo(
+        f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
+        f"{s.completion_tokens} completion tokens",
+        err=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Taking jobs in: lanes and the read policy, reading the streams, parsing entries, trimming."""

@@ -1,0 +1,48 @@
+"""Home lanes first, then stealing: a lane per shard, some of them this worker's home (issue 22).
+
+Home lanes (chosen elsewhere, e.g. by rendezvous hashing over the live workers) take the room while any
+of them is hungry (its last read was full), split evenly between the hungry ones, any remainder to the
+longest waiting. Only when no home lane is hungry does the worker steal: each home lane is probed with
+one entry (new work there is seen within a round), and the rest goes to the hungry lanes of other shards,
+the longest waiting first. With no lane hungry at all (short queues), the longest waiting home lane
+reads all the room.
+
+No lane starves: any lane given nothing for `patience` rounds with room is read one entry first
+(intake/read_policy.py), so a shard whose home worker died is still served by the others before its owner
+changes hands.
+
+    room 6, home {0, 1}, hungry {1, 2}        ->  [0, 6, 0]
+    room 6, home {0, 1}, hungry {2}           ->  [1, 1, 4]
+"""
+
+from __future__ import annotations
+
+from worker.intake.read_policy import ReadPolicy
+
+
+class HomeFirst(ReadPolicy):
+    def __init__(self, lanes: int, home: set[int], patience: int = 16) -> None:
+        super().__init__(lanes, patience)
+        if not home or not home <= set(range(lanes)):
+            raise ValueError(f"home lanes {sorted(home)} are not a non-empty subset of 0..{lanes - 1}")
+        self.home = set(home)
+
+    def split(self, room: int, first: int) -> list[int]:
+        shares = [0] * self.lanes
+        home = self.by_wait(sorted(self.home))
+        hungry_home = [k for k in home if self.hungry[k]]
+        if hungry_home:
+            each, extra = divmod(room, len(hungry_home))
+            for i, k in enumerate(hungry_home):
+                shares[k] = each + (1 if i < extra else 0)
+            return shares
+        others = self.by_wait([k for k in range(self.lanes) if k not in self.home and self.hungry[k]])
+        if not others:
+            shares[home[0]] = room
+            return shares
+        left = room
+        for k in home:
+            if left > 1:  # probes, leaving at least one entry to steal
+                shares[k], left = 1, left - 1
+        shares[others[0]] = left
+        return shares

@@ -1,0 +1,1 @@
+"""Writing a job's events: the per-step events script and the event payloads."""

@@ -1,0 +1,98 @@
+"""What the loop reports as it goes: Prometheus metrics, and for benchmarks a trace of every token event.
+
+The Worker calls these hooks at fixed points of its loop and never reads anything back, so what is
+measured can change without touching the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import NamedTuple
+
+import structlog
+
+from worker.run.job_record import InFlight
+from worker.run.metrics import Metrics
+
+log = structlog.get_logger("conveyor.worker")
+
+
+class TokenTrace(NamedTuple):
+    job_id: str
+    sample: int
+    first_index: int  # of the event's first token in its sample
+    sampled_wall_s: float  # time.time() when the step that sampled it returned
+
+
+class Observer:
+    """Metrics only: what a production worker uses."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._last_rate = time.monotonic()
+        self._tokens_since_rate = 0
+
+    def admitted(self, job: InFlight) -> None:
+        self.metrics.queue_time.observe(max(0.0, job.admitted_ms - job.enqueued_ms) / 1000)
+
+    def outcome(self, outcome: str) -> None:
+        self.metrics.job(outcome)
+
+    def first_token(self, job: InFlight, now_ms: float) -> None:
+        self.metrics.ttft.observe(max(0.0, now_ms - job.enqueued_ms) / 1000)
+
+    def token_event(self, trace: TokenTrace) -> None:
+        """Each token event as it is queued for writing (benchmarks; a no-op here)."""
+
+    def finished(self, job: InFlight, now_ms: float) -> None:
+        reason = job.finished[0].finish_reason
+        self.outcome(job.stop_reason if reason == "abort" and job.stop_reason else reason)
+        tokens = sum(s.num_output_tokens for s in job.finished.values())
+        if job.first_token_ms is not None and tokens > 1:
+            self.metrics.tpot.observe((now_ms - job.first_token_ms) / 1000 / (tokens - 1))
+        log.info("job finished", request_id=job.job_id, finish_reason=reason, completion_tokens=tokens)
+
+    def published(self, latency_s: float) -> None:
+        """Token sampled -> its round's EXEC reply read."""
+        self.metrics.publish_latency.observe(latency_s)
+
+    def stepped(self, new_tokens: int, engine) -> None:
+        self._tokens_since_rate += new_tokens
+        now = time.monotonic()
+        if now - self._last_rate < 1.0:
+            return
+        stats = engine.stats()
+        m = self.metrics
+        m.running.set(stats.num_running)
+        m.waiting.set(stats.num_waiting)
+        m.kv_used.set(stats.num_kv_blocks_used)
+        m.kv_total.set(stats.num_kv_blocks_total)
+        m.tokens.inc(self._tokens_since_rate)
+        m.tokens_per_s.set(self._tokens_since_rate / (now - self._last_rate))
+        self._tokens_since_rate, self._last_rate = 0, now
+
+    def group_info(self, lag: int, pending: int) -> None:
+        self.metrics.queue_depth.set(lag)
+        self.metrics.pending.set(pending)
+
+    def redis_full(self, full: bool) -> None:
+        self.metrics.redis_full.set(1 if full else 0)
+        if full:
+            self.metrics.redis_full_retries.inc()
+
+
+class Tracer(Observer):
+    """For benchmarks: keeps every token event's trace and every publish latency as well."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__(metrics)
+        self.trace: list[TokenTrace] = []
+        self.publish_latencies: deque[float] = deque(maxlen=100_000)  # seconds
+
+    def token_event(self, trace: TokenTrace) -> None:
+        self.trace.append(trace)
+
+    def published(self, latency_s: float) -> None:
+        super().published(latency_s)
+        self.publish_latencies.append(latency_s)
