@@ -56,6 +56,13 @@ class TokenSampler(Protocol):
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult: ...
 
 
+def vocab_logits(logits: torch.Tensor, rows: int, vocab_size: int) -> torch.Tensor:
+    """logits [rows, V_padded] -> the view [rows, vocab_size]: the padding columns never count."""
+    if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] < vocab_size:
+        raise ValueError(f"logits {tuple(logits.shape)} do not fit {rows} requests x vocab {vocab_size}")
+    return logits[:, :vocab_size]
+
+
 class Sampler:
     """Keeps per-batch state between steps: the rows' parameters as arrays (`BatchParams`, rebuilt when the
     list of requests differs from the last step's) and each request's seen tokens (`SeenTokens`)."""
@@ -70,16 +77,11 @@ class Sampler:
 
     def batch_params(self, requests: list[Request]) -> BatchParams:
         """The rows' parameters, reused while the batch is the same list of request objects."""
-        if self._params is None or not self._params.matches(requests):
-            self._params = BatchParams.build(requests, self.vocab_size)
+        self._params = BatchParams.reuse(self._params, requests, self.vocab_size)
         return self._params
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
-        if logits.dim() != 2 or logits.shape[0] != len(requests) or logits.shape[1] < self.vocab_size:
-            raise ValueError(
-                f"logits {tuple(logits.shape)} do not fit {len(requests)} requests x vocab {self.vocab_size}"
-            )
-        logits = logits[:, : self.vocab_size]  # [B, V], maybe a view of the input
+        logits = vocab_logits(logits, len(requests), self.vocab_size)  # [B, V], maybe a view of the input
         if logits.dtype != torch.float32:
             logits = logits.float()
         bp = self.batch_params(requests)

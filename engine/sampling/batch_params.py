@@ -76,6 +76,11 @@ class BatchParams:
             and bool((repetition == 1.0).all()),
         )
 
+    @classmethod
+    def reuse(cls, last: BatchParams | None, requests: list[Request], vocab_size: int) -> BatchParams:
+        """`last` while the batch is the same list of request objects, else built anew."""
+        return last if last is not None and last.matches(requests) else cls.build(requests, vocab_size)
+
     def matches(self, requests: list[Request]) -> bool:
         """The same request objects in the same order (Request compares by identity)."""
         return self.requests == requests

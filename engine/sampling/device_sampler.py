@@ -28,7 +28,7 @@ import torch
 
 from engine.core.request import Request
 from engine.outputs import TokenLogprobs
-from engine.sampler import SamplerResult
+from engine.sampler import SamplerResult, vocab_logits
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.device_noise import exponential_noise, row_uniforms
 from engine.sampling.inverse_cdf import sample_by_uniform
@@ -45,16 +45,11 @@ class DeviceSampler:
         self._params: BatchParams | None = None
 
     def batch_params(self, requests: list[Request]) -> BatchParams:
-        if self._params is None or not self._params.matches(requests):
-            self._params = BatchParams.build(requests, self.vocab_size)
+        self._params = BatchParams.reuse(self._params, requests, self.vocab_size)
         return self._params
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
-        if logits.dim() != 2 or logits.shape[0] != len(requests) or logits.shape[1] < self.vocab_size:
-            raise ValueError(
-                f"logits {tuple(logits.shape)} do not fit {len(requests)} requests x vocab {self.vocab_size}"
-            )
-        logits = logits[:, : self.vocab_size].float()  # [B, V]
+        logits = vocab_logits(logits, len(requests), self.vocab_size).float()  # [B, V]
         bp = self.batch_params(requests)
         pending = bp.min_tokens_pending()
         if bp.plain_greedy and not pending:
