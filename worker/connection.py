@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,23 +128,3 @@ def with_retry(
             log.info("redis reachable again", during=what, after_failures=backoff.failures)
             backoff.reset()
         return result
-
-
-def cut_off(client) -> None:
-    """Shut down every socket of `client` (plain or cluster), in use or idle, from any thread. A thread
-    blocked reading one (a frozen network answers nothing, for up to the socket timeout) gets end of file
-    at once and redis-py raises ConnectionError there; that thread then closes the connection itself.
-    (`disconnect()` from here would clear the connection's socket under the reading thread.)"""
-    pools = [client.connection_pool] if hasattr(client, "connection_pool") else []
-    if hasattr(client, "get_nodes"):  # redis.RedisCluster: one pool per node
-        pools += [n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection]
-    for pool in pools:
-        # redis-py keeps no public list of a pool's connections (these take the pool's lock).
-        connections = [*pool._get_free_connections(), *pool._get_in_use_connections()]
-        for connection in connections:
-            sock = getattr(connection, "_sock", None)
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass

@@ -36,7 +36,7 @@ import structlog
 from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.config import WorkerConfig
-from worker.connection import DOWN_ERRORS, Backoff, cut_off, with_retry
+from worker.connection import DOWN_ERRORS, Backoff, with_retry
 from worker.intake.read_policy import OneLane, ReadPolicy
 from worker.intake.stream_reader import Reader
 from worker.intake.stream_trim import Trimmer
@@ -53,7 +53,7 @@ from worker.run.job_lease import add_release, add_renewal
 from worker.run.job_record import Arrived, InFlight
 from worker.run.metrics import Metrics
 from worker.run.observer import Observer
-from worker.run.redis_io import execute, no_resends
+from worker.run.redis_io import cut_off, execute, no_resends
 from worker.run.round import Round
 from worker.run.stop import IdleStop, StopFlag, StopRequested
 

@@ -10,7 +10,8 @@ Command names go out as bytes, and redis-py's reply callbacks (looked up by the 
 applied here, once, to the replies inside EXEC's array, never to a +QUEUED. Per-command errors stay
 values. `exchange` is the fast path, the only code of the worker below redis-py's public API (a pooled
 connection's `send_packed_command` / `read_response`, packed by hiredis); `exchange_public` does the
-same over redis-py's public pipeline, which packs in Python and measured slower per round.
+same over redis-py's public pipeline, which packs in Python and measured slower per round. `cut_off`
+(the drain bound on a frozen network) is the other reach below it: redis-py lists no pool's connections.
 
 A worker's client must not re-send a round on its own: a round whose reply was lost may have been
 applied, and only the worker knows how to tolerate that (`Round.retried`, publish/publisher.py).
@@ -20,6 +21,7 @@ applied, and only the worker knows how to tolerate that (`Round.retried`, publis
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -171,3 +173,23 @@ def _wire(args: tuple) -> tuple:
     if isinstance(name, str):
         return (*(part.encode() for part in name.split()), *args[1:])
     return args
+
+
+def cut_off(client) -> None:
+    """Shut down every socket of `client` (plain or cluster), in use or idle, from any thread. A thread
+    blocked reading one (a frozen network answers nothing, for up to the socket timeout) gets end of file
+    at once and redis-py raises ConnectionError there; that thread then closes the connection itself.
+    (`disconnect()` from here would clear the connection's socket under the reading thread.)"""
+    pools = [client.connection_pool] if hasattr(client, "connection_pool") else []
+    if hasattr(client, "get_nodes"):  # redis.RedisCluster: one pool per node
+        pools += [n.redis_connection.connection_pool for n in client.get_nodes() if n.redis_connection]
+    for pool in pools:
+        # redis-py keeps no public list of a pool's connections (these take the pool's lock).
+        connections = [*pool._get_free_connections(), *pool._get_in_use_connections()]
+        for connection in connections:
+            sock = getattr(connection, "_sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

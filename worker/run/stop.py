@@ -4,7 +4,7 @@ Signal handlers only call `request()`. Everything that waits (back-off after a R
 waits on `sleep()`, which wakes at once when a stop is asked for, so a stop is bounded by the drain timeout
 even while Redis is unreachable or full. A read that hangs on a frozen network (no error, no reply) does
 not wait on `sleep()`: when the drain time runs out (or at a cold stop) the `on_expired` callbacks run on
-a timer thread, and the worker's one cuts its Redis sockets (worker.connection.cut_off).
+a timer thread, and the worker's one cuts its Redis sockets (worker.run.redis_io.cut_off).
 """
 
 from __future__ import annotations
