@@ -53,6 +53,25 @@ def redis_server():
     server.stop()
 
 
+@pytest.fixture
+def own_server():
+    """`own_server(*extra_args, password=None)`: a redis-server of this test's own (it gets filled,
+    refused to, or stopped), each one stopped by PID after the test."""
+    from worker import local_redis
+
+    if local_redis.redis_server_path() is None:
+        pytest.skip("redis-server is not installed")
+    servers: list[local_redis.LocalRedis] = []
+
+    def start(*extra_args: str, password: str | None = None) -> local_redis.LocalRedis:
+        servers.append(local_redis.start(extra_args=list(extra_args), password=password))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir) -> str:
     """The real engine's tiny random Llama checkpoint, as a path string (what the worker tests pass around)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLMEngine, RejectReason, RequestRejected, SamplingParams
+from tests.helpers.engine_drain import drain
 
 
 @pytest.fixture(scope="module")
@@ -17,18 +18,9 @@ def llm(tiny_model_dir) -> LLMEngine:
 PROMPTS = ["The quick brown fox", "Hello there, how are you today?", "a"]
 
 
-def _drain(llm: LLMEngine) -> dict[tuple[str, int], list]:
-    """Step until idle; return every delta per (request id, sample)."""
-    seen: dict[tuple[str, int], list] = {}
-    while llm.has_unfinished_requests():
-        for d in llm.step():
-            seen.setdefault((d.request_id, d.sample_index), []).append(d)
-    return seen
-
-
 def test_stream_deltas_concatenate_to_final_text(llm):
     llm.add_request("s1", PROMPTS[1], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
-    deltas = _drain(llm)[("s1", 0)]
+    deltas = drain(llm)[("s1", 0)]
     assert [d.first_index for d in deltas] == list(range(20))
     final = deltas[-1]
     assert final.finished and final.finish_reason == "length" and final.num_output_tokens == 20
@@ -121,7 +113,7 @@ def test_resume_from_prior_tokens(llm):
     greedy = SamplingParams(max_tokens=18, temperature=0, ignore_eos=True)
     full = llm.generate([PROMPTS[0]], greedy)[0]
     llm.add_request("r1", PROMPTS[0], greedy, prior_output_token_ids=[full.token_ids[:7]])
-    deltas = _drain(llm)[("r1", 0)]
+    deltas = drain(llm)[("r1", 0)]
     assert deltas[0].first_index == 7
     assert [t for d in deltas for t in d.new_token_ids] == full.token_ids[7:]
     assert deltas[-1].text == full.text and deltas[-1].num_output_tokens == 18
@@ -140,7 +132,7 @@ def test_resume_samples_that_had_stopped(llm):
     params = SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=3, stop_token_ids=[11])
     # Sample 0 had ended on EOS, sample 1 on a stop token; only sample 2 still runs.
     llm.add_request("r3", [5, 6, 7], params, prior_output_token_ids=[[9, eos], [11], [12]])
-    deltas = _drain(llm)
+    deltas = drain(llm)
     assert [d.finish_reason for d in deltas[("r3", 0)]] == ["stop"]
     assert [d.finish_reason for d in deltas[("r3", 1)]] == ["stop"]
     assert deltas[("r3", 0)][0].new_token_ids == [] and deltas[("r3", 1)][0].new_token_ids == []

@@ -9,14 +9,7 @@ from structlog.testing import capture_logs
 
 from engine import LLMEngine, SamplingParams
 from engine.decoder_profile import REPLACEMENT
-
-
-def _drain(llm: LLMEngine) -> dict[tuple[str, int], list]:
-    seen: dict[tuple[str, int], list] = {}
-    while llm.has_unfinished_requests():
-        for d in llm.step():
-            seen.setdefault((d.request_id, d.sample_index), []).append(d)
-    return seen
+from tests.helpers.engine_drain import drain
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +47,7 @@ def test_a_failing_request_ends_alone(llm):
         llm.add_request(rid, "The quick brown fox", params)
     llm._streams["bad"] = _Raising(llm._streams["bad"], fail_at=3)  # type: ignore[assignment]
     with capture_logs() as logs:
-        seen = _drain(llm)
+        seen = drain(llm)
     bad = seen[("bad", 0)]
     assert bad[-1].finished and bad[-1].finish_reason == "abort"
     assert bad[-1].error_code == "internal_error" and "injected detokenizer fault" in bad[-1].error
@@ -75,7 +68,7 @@ def test_a_failing_sample_ends_its_whole_request(llm):
     llm.step()  # the second sample forks from the first after its prefill
     seq = next(s for s in llm._groups["n2"] if s != "n2")
     llm._streams[seq] = _Raising(llm._streams[seq], fail_at=1)  # type: ignore[assignment]
-    seen = _drain(llm)
+    seen = drain(llm)
     ends = {k: v[-1] for k, v in seen.items() if v[-1].finished}
     failed = [d for k, d in ends.items() if k[0] == "n2" and d.error_code == "internal_error"]
     assert len(failed) == 1
@@ -125,7 +118,7 @@ def test_a_grammar_matcher_that_raises_ends_its_request_alone(llm, monkeypatch):
         "json", "Hello", SamplingParams(max_tokens=8, temperature=0, response_format={"type": "json_object"})
     )
     llm.add_request("plain", "Hello", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    seen = _drain(llm)
+    seen = drain(llm)
     end = seen[("json", 0)][-1]
     assert (
         end.finish_reason == "abort"
@@ -150,7 +143,7 @@ def test_first_word_keeps_its_space_in_the_final_text(sp_llm):
         SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
         prior_output_token_ids=[[word]],
     )
-    deltas = _drain(sp_llm)[("space", 0)]
+    deltas = drain(sp_llm)[("space", 0)]
     out = [word] + [t for d in deltas for t in d.new_token_ids]
     assert deltas[-1].text.startswith(" 맛있습니다")
     assert deltas[-1].text == _expected(sp_llm, prompt, out)

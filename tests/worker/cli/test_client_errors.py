@@ -26,21 +26,6 @@ K = Keys()
 
 
 @pytest.fixture
-def own_server():
-    if local_redis.redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    servers: list[local_redis.LocalRedis] = []
-
-    def start(**kw) -> local_redis.LocalRedis:
-        servers.append(local_redis.start(**kw))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
-@pytest.fixture
 def silent_url():
     """A bare TCP listener: connections are accepted (by the kernel) and never answered."""
     with socket.create_server(("127.0.0.1", 0)) as listener:

@@ -9,7 +9,6 @@ import redis
 import structlog
 
 from tests.helpers.worker_fakes import FakeEngine, running_worker, wait_until
-from worker import local_redis
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
@@ -19,22 +18,6 @@ from worker.run.loop import Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 K = Keys()
-
-
-@pytest.fixture
-def own_server():
-    """A redis-server of this test's own (it gets filled, or stopped)."""
-    if local_redis.redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    servers = []
-
-    def start(*extra: str):
-        servers.append(local_redis.start(extra_args=list(extra)))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def make_full(client: redis.Redis) -> None:
