@@ -18,7 +18,8 @@ from worker.config import WorkerConfig
 # (MULTI/EXEC), intake/stream_reader.py, job_path.py (lookups incl. HMGET attempts, attempt counts incl.
 # HSET of the alone field, refusals), run/aborts.py, run/job_lease.py, recover/takeover_claim.py,
 # run/cancel_listener.py, run/consumer_lease.py, run/lua_script.py, cli/preflight.py, the observer's
-# XINFO GROUPS, and the scripts in publish/publisher.py, intake/stream_trim.py and run/consumer_lease.py.
+# XINFO GROUPS, fleet/heartbeat.py (the registry record and index), and the scripts in
+# publish/publisher.py, intake/stream_trim.py and run/consumer_lease.py.
 WORKER_COMMANDS: tuple[str, ...] = (
     "ping",
     "multi",
@@ -43,6 +44,9 @@ WORKER_COMMANDS: tuple[str, ...] = (
     "hset",
     "hincrby",
     "hdel",
+    "zadd",
+    "zrem",
+    "zremrangebyscore",
     "publish",
     "subscribe",
     "unsubscribe",
@@ -90,6 +94,9 @@ def _probes(cfg: WorkerConfig) -> dict[str, tuple]:
         "hset": ("HSET", k.attempts, f"{job}/alone", 1),
         "hincrby": ("HINCRBY", k.attempts, job, 1),
         "hdel": ("HDEL", k.attempts, job),
+        "zadd": ("ZADD", k.workers, 0, c),
+        "zrem": ("ZREM", k.workers, c),
+        "zremrangebyscore": ("ZREMRANGEBYSCORE", k.workers, "-inf", 0),
         "publish": ("PUBLISH", k.cancel_channel, job),
         "subscribe": ("SUBSCRIBE", k.cancel_channel),
         "unsubscribe": ("UNSUBSCRIBE", k.cancel_channel),

@@ -54,6 +54,11 @@ class WorkerConfig:
         "live events on sharded pub/sub (SPUBLISH)",
     )
     shards: int = knob(8, "cluster mode: the request stream's shards (as many as the clients submit to)")
+    registry_interval_s: float = knob(
+        2.0,
+        "seconds between this worker's heartbeats in the fleet registry; its record lapses after 3 missed",
+        cli="registry-interval",
+    )
     allow_eviction: bool = knob(
         False, "run on a Redis whose maxmemory-policy may evict keys (jobs and events can be lost)"
     )
@@ -65,6 +70,8 @@ class WorkerConfig:
             raise ValueError("max_attempts must be >= 1")
         if self.shards < 1:
             raise ValueError("shards must be >= 1")
+        if self.registry_interval_s <= 0:
+            raise ValueError("registry_interval_s must be > 0")
         if self.max_wait_ms < 0 or self.block_ms < 1:
             raise ValueError("max_wait_ms must be >= 0 and block_ms >= 1")
 

@@ -41,6 +41,15 @@ class Keys:
     def cancel(self, job_id: str) -> str:
         return f"{self.prefix}:cancel:{job_id}"
 
+    @property
+    def workers(self) -> str:
+        """Sorted set of worker consumer names by last heartbeat: the registry's index (worker/fleet/registry.py)."""
+        return f"{self.prefix}:workers"
+
+    def worker(self, consumer: str) -> str:
+        """A live worker's registry record (JSON), expiring one TTL after its last heartbeat."""
+        return f"{self.prefix}:worker:{consumer}"
+
     def owner(self, job_id: str) -> str:
         """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
         return f"{self.prefix}:owner:{job_id}"

@@ -107,7 +107,7 @@ def secured(tmp_path_factory, model):
     admin = server.client()
     admin.execute_command(
         "ACL", "SETUSER", ACL_USER, "on", f">{ACL_PASSWORD}", "resetkeys", f"~{ACL_PREFIX}:*",
-        "resetchannels", f"&{ACL_PREFIX}:*", "-@all", "+@stream", "+@string", "+@hash", "+@keyspace",
+        "resetchannels", f"&{ACL_PREFIX}:*", "-@all", "+@stream", "+@string", "+@hash", "+@sortedset", "+@keyspace",
         "+@pubsub", "+@transaction", "+@connection", "+@scripting", "-@dangerous",
     )  # fmt: skip
     pool = Workers(model, folder)

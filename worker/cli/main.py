@@ -187,6 +187,8 @@ def worker(**kw: Any) -> None:
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
+    heartbeat = registry_heartbeat(client, cfg, engine, model, w)
+    w.observer.heartbeat = heartbeat
     # Handlers only set a flag; the loop does the rest between steps.
     signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())
@@ -201,7 +203,36 @@ def worker(**kw: Any) -> None:
     except TensorParallelError as exc:
         # Exit non-zero (the engine logged the failure): leases lapse, other workers take the jobs over.
         raise click.ClickException(f"engine failed: {exc}") from exc
+    finally:
+        heartbeat.stop()
     # Tensor-parallel ranks are stopped by the engine's atexit hook, on every way out of here.
+
+
+def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
+    """This worker's record in the fleet registry (worker/fleet/registry.py)."""
+    from worker.fleet.heartbeat import Heartbeat
+    from worker.keys import group_name
+
+    if cfg.cluster:
+        from worker.cluster.shard_keys import ShardedKeys
+
+        streams = [k.requests for k in ShardedKeys(cfg.keys.prefix, cfg.shards).all()]
+    else:
+        streams = [cfg.keys.requests]
+    heartbeat = Heartbeat(
+        client,
+        cfg.keys,
+        consumer=cfg.consumer,
+        model=group_name(model),
+        group=cfg.group,
+        streams=streams,
+        max_model_len=engine.max_model_len,
+        capacity=engine.config.max_num_seqs,
+        interval_s=cfg.registry_interval_s,
+        draining=w.stop.warm.is_set,
+    )
+    heartbeat.update(engine.stats(), stepped=False)  # its KV pool is known before the first step
+    return heartbeat
 
 
 @main.command()

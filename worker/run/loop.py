@@ -208,7 +208,7 @@ class Worker:
             self.health.ok()
             self.backoff.reset()
         self._publish(stepped.deltas, stepped.at, stepped.wall)
-        self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine)
+        self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine, step.busy)
 
     def has_work(self) -> bool:
         """Jobs in flight or read, commands owed to Redis, or a heartbeat due: a round to send."""
@@ -234,6 +234,7 @@ class Worker:
         self.reader.ensure_group()
         self.cancels.start()
         self.arrived.extend(self.reader.own_pending())
+        self.observer.started()
         log.info(
             "worker started",
             consumer=self.cfg.consumer,

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import structlog
 
+from worker.fleet.heartbeat import Heartbeat
 from worker.run.job_record import InFlight
 from worker.run.metrics import Metrics
 
@@ -28,10 +29,17 @@ class TokenTrace(NamedTuple):
 class Observer:
     """Metrics only: what a production worker uses."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, heartbeat: Heartbeat | None = None) -> None:
         self.metrics = metrics
+        self.heartbeat = heartbeat  # the registry record (worker/fleet/heartbeat.py), when registered
         self._last_rate = time.monotonic()
         self._tokens_since_rate = 0
+
+    def started(self) -> None:
+        """The worker holds its consumer name and reads its streams: it may register (once per process,
+        whichever of a sharded worker's shards starts first)."""
+        if self.heartbeat is not None:
+            self.heartbeat.start()
 
     def admitted(self, job: InFlight) -> None:
         self.metrics.queue_time.observe(max(0.0, job.admitted_ms - job.enqueued_ms) / 1000)
@@ -57,12 +65,18 @@ class Observer:
         """Token sampled -> its round's EXEC reply read."""
         self.metrics.publish_latency.observe(latency_s)
 
-    def stepped(self, new_tokens: int, engine) -> None:
+    def stepped(self, new_tokens: int, engine, busy: bool = True) -> None:
+        """After a tick; `busy`: the engine ran a step in it."""
         self._tokens_since_rate += new_tokens
         now = time.monotonic()
         if now - self._last_rate < 1.0:
+            # The last step of a busy spell: the registry must not keep showing its running jobs.
+            if self.heartbeat is not None and busy and not engine.has_unfinished_requests():
+                self.heartbeat.update(engine.stats(), stepped=True)
             return
         stats = engine.stats()
+        if self.heartbeat is not None:
+            self.heartbeat.update(stats, stepped=busy)
         m = self.metrics
         m.running.set(stats.num_running)
         m.waiting.set(stats.num_waiting)

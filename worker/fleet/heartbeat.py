@@ -1,0 +1,153 @@
+"""A worker's registry record kept fresh (registry.py): written every `interval_s` from a thread of its own.
+
+The loop never waits on the registry: it hands the engine's numbers over (`update`, from Observer.stepped on
+the loop's thread, so the engine is only read there) and this thread writes the newest record with SET PX
+and ZADD. A worker whose loop is stuck in a long step still beats, and `last_step_ms` shows how long the
+step has taken; a killed worker stops beating and its record lapses one TTL later. A clean stop deletes the
+record and its index entry.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from importlib import metadata
+
+import structlog
+
+from engine.outputs import EngineStats
+from worker.fleet.registry import FORGET_MS, WorkerRecord
+from worker.keys import Keys
+
+log = structlog.get_logger("conveyor.worker")
+
+DEFAULT_INTERVAL_S = 2.0
+TTL_BEATS = 3  # the record outlives this many missed heartbeats
+IDLE_MS = 2_000  # no step for this long: the record's rates read 0
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("conveyor")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        client,
+        keys: Keys,
+        *,
+        consumer: str,
+        model: str,
+        group: str,
+        streams: list[str],
+        max_model_len: int,
+        capacity: int,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("the heartbeat interval must be > 0")
+        self.client, self.keys, self.interval_s = client, keys, interval_s
+        self.draining = draining
+        self.ttl_ms = int(TTL_BEATS * interval_s * 1000)
+        self.record = WorkerRecord(
+            consumer=consumer,
+            model=model,
+            group=group,
+            streams=streams,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=package_version(),
+            max_model_len=max_model_len,
+            capacity=capacity,
+            started_ms=now_ms(),
+            heartbeat_ms=now_ms(),
+            ttl_ms=self.ttl_ms,
+        )
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Cumulative engine counters at the last rate computation: (monotonic s, tokens out, tokens in).
+        self._rate_base: tuple[float, int, int] | None = None
+
+    # ---- the loop's side --------------------------------------------------------------------------------
+    def update(self, stats: EngineStats, stepped: bool) -> None:
+        """The engine's numbers now; `stepped`: the engine just ran a step. Rates are over >= 1 s windows of
+        the engine's cumulative counters."""
+        now = time.monotonic()
+        out_total = stats.num_generated_tokens
+        in_total = stats.prefix_cache_queries - stats.prefix_cache_hits
+        changes: dict = {
+            "running": stats.num_running,
+            "waiting": stats.num_waiting,
+            "kv_blocks_used": stats.num_kv_blocks_used,
+            "kv_blocks_total": stats.num_kv_blocks_total,
+        }
+        if stepped:
+            changes["last_step_ms"] = now_ms()
+        base = self._rate_base
+        if base is None:
+            self._rate_base = (now, out_total, in_total)
+        elif now - base[0] >= 1.0:
+            elapsed = now - base[0]
+            changes["tokens_out_per_s"] = (out_total - base[1]) / elapsed
+            changes["tokens_in_per_s"] = (in_total - base[2]) / elapsed
+            self._rate_base = (now, out_total, in_total)
+        with self._lock:
+            self.record = self.record.model_copy(update=changes)
+
+    # ---- the thread -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Register and keep beating; a second call does nothing. Called once the worker holds its consumer
+        name (Observer.started), so a worker refused for a name in use never touches the live one's record."""
+        if self._thread is not None:
+            return
+        self.beat()  # registered before the first job is read
+        self._thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except Exception as exc:  # Redis away: the loop notices on its own; try again next beat
+                log.warning("registry heartbeat failed", error=str(exc))
+
+    def beat(self) -> None:
+        at = now_ms()
+        with self._lock:
+            changes: dict = {"heartbeat_ms": at, "draining": self.draining()}
+            last = self.record.last_step_ms
+            if last is None or at - last > IDLE_MS:  # idle: not the rates of the last busy second
+                changes.update(tokens_out_per_s=0.0, tokens_in_per_s=0.0)
+            self.record = record = self.record.model_copy(update=changes)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.keys.worker(record.consumer), record.model_dump_json(), px=self.ttl_ms)
+        pipe.zadd(self.keys.workers, {record.consumer: at})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", at - FORGET_MS)
+        pipe.execute()
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop beating; with `remove`, leave the registry (a clean stop: not shown as lost)."""
+        self._stop.set()
+        if self._thread is None:
+            return  # never registered
+        self._thread.join(timeout=self.interval_s + 1)
+        if remove:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.delete(self.keys.worker(self.record.consumer))
+                pipe.zrem(self.keys.workers, self.record.consumer)
+                pipe.execute()
+            except Exception as exc:
+                log.warning("could not leave the registry; the record lapses on its own", error=str(exc))
