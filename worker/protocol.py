@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION = 1
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"  # no ':' or braces: a tenant may name a key or a lane
 
 # Sampling fields a job may carry, under the engine's names (engine.sampling_params.SamplingParams).
 SAMPLING_FIELDS = (
@@ -54,6 +55,10 @@ class Job(BaseModel):
     messages: list[ChatTurn] | None = None
     priority: int = Field(0, ge=-(2**31), lt=2**31)
     deadline_ms: int | None = Field(None, ge=0)
+    # Who the job is for (accounting and fair share, docs/protocol.md); the HTTP gateway sets it from the API key.
+    tenant: str | None = Field(None, pattern=TENANT_PATTERN)
+    # Jobs with the same key share a prompt prefix: routed to the same workers (prefix affinity).
+    affinity: str | None = Field(None, min_length=1, max_length=128)
     # Sampling parameters: None means "the engine's default". Range checks are the engine's (SamplingParams).
     n: int | None = None
     # Absent: the engine's default (16). An explicit null: until the context is full (capped by the

@@ -129,3 +129,24 @@ def test_keys_and_sizes():
     )
     with pytest.raises(ValueError):
         parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "ok"),
+    [
+        ("tenant", "team-a.prod_1", True),
+        ("tenant", "a:b", False),  # ':' and braces could forge a key or a lane name
+        ("tenant", "{s1}", False),
+        ("tenant", "x" * 65, False),
+        ("affinity", "9f" * 32, True),
+        ("affinity", "", False),
+        ("affinity", "x" * 129, False),
+    ],
+)
+def test_tenant_and_affinity_are_checked(field, value, ok):
+    raw = json.dumps({"id": "j", "prompt": "hi", field: value})
+    if ok:
+        assert getattr(Job.model_validate_json(raw), field) == value
+    else:
+        with pytest.raises(ValueError):
+            Job.model_validate_json(raw)
