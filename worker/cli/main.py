@@ -16,7 +16,7 @@ from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
-from worker.config import WorkerConfig
+from worker.config import CLUSTER_SHARDS, WorkerConfig
 from worker.intake.limits import Limits
 from worker.keys import Keys
 
@@ -99,7 +99,13 @@ def cluster_client_options(f):
             opt(
                 "--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)"
             ),
-            opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards"),
+            opt(
+                "--shards",
+                type=click.IntRange(min=1),
+                default=None,
+                help="the workers' --shards (protocol version 2); default: one stream on one Redis, "
+                f"{CLUSTER_SHARDS} in cluster mode",
+            ),
             opt(
                 "--replicas",
                 type=int,
@@ -112,16 +118,20 @@ def cluster_client_options(f):
     return f
 
 
-def _queue(kw: dict, keys: Keys, cluster: bool, shards: int, replicas: int):
-    """Where jobs go (worker/job_queue.py): --redis-url's one Redis, or in cluster mode its shards."""
-    from worker.job_queue import SingleQueue
+def _queue(kw: dict, keys: Keys, cluster: bool, shards: int | None, replicas: int):
+    """Where jobs go (worker/job_queue.py): --redis-url's one Redis (its one stream, or with --shards its
+    shards), or in cluster mode the cluster's shards."""
+    from worker.cluster.shard_keys import ShardedKeys
+    from worker.job_queue import ShardedQueue, SingleQueue
 
     if not cluster:
-        return SingleQueue(_client(kw), keys)
+        if shards is None:
+            return SingleQueue(_client(kw), keys)
+        return ShardedQueue(_client(kw), ShardedKeys(keys.prefix, shards))
     from worker.cluster.client import ClusterClient
-    from worker.cluster.shard_keys import ShardedKeys
 
-    return ClusterClient(_client(kw, cluster=True), ShardedKeys(keys.prefix, shards), replicas=replicas)
+    sharded = ShardedKeys(keys.prefix, shards or CLUSTER_SHARDS)
+    return ClusterClient(_client(kw, cluster=True), sharded, replicas=replicas)
 
 
 @click.group(context_settings={"auto_envvar_prefix": "CONVEYOR", "show_default": True})
@@ -153,8 +163,10 @@ def worker(**kw: Any) -> None:
     from worker.cli import logs
     from worker.cli.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
     from worker.cli.tiny_model import resolve_model
+    from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
     from worker.run.consumer_lease import ConsumerNameTaken
+    from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
     from worker.run.loop import Worker
 
     logs.configure(kw.pop("log_level"))
@@ -167,6 +179,8 @@ def worker(**kw: Any) -> None:
         wait_reachable(client, url)
         if not kw["cluster"]:  # (a cluster's nodes are checked by each shard's first round)
             keys = Keys(**pop_config_kwargs(Keys, dict(kw)))
+            if kw["shards"] is not None:  # protocol version 2 on one Redis: the shards' keys
+                keys = ShardedKeys(keys.prefix, kw["shards"]).shard(0)
             check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
@@ -185,10 +199,13 @@ def worker(**kw: Any) -> None:
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
-    if cfg.cluster:  # one Worker per shard over this engine
+    w: Worker | LanesWorker
+    if cfg.cluster:  # a lane per shard over this engine, each on its shard's master
         from worker.cluster.sharded_worker import ShardedWorker
 
-        w: Worker | ShardedWorker = ShardedWorker(engine, client, cfg)
+        w = ShardedWorker(engine, client, cfg)
+    elif cfg.shard_count is not None:  # a lane per shard, all on this Redis
+        w = shards_on_one_redis(engine, client, cfg)
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
@@ -218,12 +235,8 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     from worker.fleet.heartbeat import Heartbeat
     from worker.keys import group_name
 
-    if cfg.cluster:
-        from worker.cluster.shard_keys import ShardedKeys
-
-        streams = [k.requests for k in ShardedKeys(cfg.keys.prefix, cfg.shards).all()]
-    else:
-        streams = [cfg.keys.requests]
+    # A lanes worker (shards, cluster) runs a Worker per lane: each reads its lane's stream.
+    streams = [lane.cfg.keys.requests for lane in getattr(w, "workers", [w])]
     heartbeat = Heartbeat(
         client,
         cfg.keys,
