@@ -23,7 +23,7 @@ from engine.distributed.vocab_parallel import ParallelLMHead
 from engine.distributed.weight_loader import load_parameters, materialize
 from engine.dtype_rules import resolve_dtype
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
-from engine.models.config import _dtype, _ids
+from engine.models.config import config_dtype, config_ids
 from engine.models.registry import is_native
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def _load_generic(
 ) -> tuple[TransformersCausalLM, ModelSpec]:
     from engine.models.generic.load import load_transformers_model
 
-    torch_dtype = resolve_dtype(dtype, _dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
+    torch_dtype = resolve_dtype(dtype, config_dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
     net, call = load_transformers_model(model_dir, torch_dtype, device, tp=tp)
     use_sliced_head(net, device)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
@@ -178,7 +178,7 @@ def _load_generic(
         vocab_size=net.vocab_size,  # the whole vocabulary, not this rank's padded slice
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
         dtype=torch_dtype,
-        eos_token_ids=read_eos_ids(model_dir, _ids(cfg.get("eos_token_id"))),
+        eos_token_ids=read_eos_ids(model_dir, config_ids(cfg.get("eos_token_id"))),
         tp_size=tp.size,
     )
     return net, spec
