@@ -31,9 +31,10 @@ def sliced_linear(x: torch.Tensor, weight: torch.Tensor, slice_rows: int) -> tor
     """F.linear(x, weight) computed `slice_rows` output columns at a time into one preallocated output.
 
     x: [R, K], weight: [N, K] -> [R, N]. The split is over N, never over the reduction K, so each output
-    is the same K-long dot product as in one matmul; bit for bit the same as long as no slice is narrow
-    (CPU BLAS takes another path below ~16 columns, which rounds differently): a tail shorter than half a
-    slice joins the slice before it. tests/models/test_sliced_lm_head.py checks it bit for bit."""
+    is the same K-long dot product as in one matmul. Whether it is bit for bit the same depends on the BLAS
+    kernel each slice's shape selects: below ~16 columns CPU BLAS always takes another path (so a tail
+    shorter than half a slice joins the slice before it), and some widths do on some CPUs.
+    tests/models/test_sliced_lm_head.py checks LM_HEAD_SLICE bit for bit and other widths to rounding."""
     n = weight.shape[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     starts = list(range(0, n, slice_rows))
