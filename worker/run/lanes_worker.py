@@ -11,9 +11,10 @@ is told after the replies what each read found (`read_back`) and what service ea
 (`charge`). The rounds built in a cycle go out with one write per Redis server (node_rounds.py): on one
 Redis, one write a cycle whatever the number of lanes. While any lane has work (a step, jobs in flight
 or being admitted, commands owed, or a backlog to read) every lane's worker does a non-blocking round
-per cycle; only a worker idle on every lane blocks, on each lane's stream in turn for block_ms / lanes
-(at least ~100 ms each on Redis 7.0 at its default hz 10: a short BLOCK is answered at the server's next
-cron tick), so an idle cycle takes about max(block_ms, lanes x 100 ms).
+per cycle; only a worker idle on every lane blocks: on one Redis, in one XREADGROUP over every lane's
+stream (intake/joint_wait.py); in a cluster, on each lane's stream in turn for block_ms / lanes (at least
+~100 ms each on Redis 7.0 at its default hz 10: a short BLOCK is answered at the server's next cron
+tick), so an idle cycle there takes about max(block_ms, lanes x 100 ms).
 
 The policy may change at run time: `policy` is a plain attribute read once per cycle, `use_policy`
 swaps it, and callables given to `between_ticks` run on the loop's thread before each cycle, where
@@ -36,6 +37,7 @@ import structlog
 
 from engine.client import EngineClient
 from worker.config import WorkerConfig
+from worker.intake.joint_wait import wait_on_lanes
 from worker.intake.lanes import Lane, cluster_shards
 from worker.intake.read_policy import ReadPolicy
 from worker.intake.read_shares import ReadShares
@@ -153,11 +155,15 @@ class LanesWorker:
         policy = self.policy
         self.shared.new_cycle()
         n = len(self.workers)
+        room = self.workers[self._next].room()
+        wait = not self._has_work(room, policy)
+        if wait and not self.stop.warm.is_set() and self._wait_together(room):
+            # The same lane leads the next cycle: only the lane leading a cycle has room left to claim
+            # lapsed leases in (Worker._build_round), so every lane must lead in turn.
+            return
         order = [(self._next + i) % n for i in range(n)]
         self._next = (self._next + 1) % n
-        room = self.workers[order[0]].room()
         shares = policy.shares(room, first=order[0])
-        wait = not self._has_work(room, policy)
         begun: list[tuple[int, Step]] = []
         for k in order:
             if k in self._leaving:
@@ -200,6 +206,14 @@ class LanesWorker:
         if self.shared.engine.has_unfinished_requests() or any(w.has_work() for w in self.workers):
             return True
         return room > 0 and any(policy.hungry)
+
+    def _wait_together(self, room: int) -> bool:
+        """Idle on every lane: one blocking read over all of them when they share one Redis
+        (intake/joint_wait.py); False when they cannot be read together (then each blocks in turn)."""
+        if self._leaving:
+            return False
+        readers = [w.reader for w in self.workers]
+        return wait_on_lanes(readers, [w.arrived for w in self.workers], room, self.cfg.block_ms)
 
     def restart_lane(self, k: int, why: Exception) -> None:
         """Forget lane k's jobs (its server's state is the truth now) and accept its new server."""

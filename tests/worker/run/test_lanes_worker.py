@@ -26,7 +26,9 @@ SHARDS = 4
 
 
 def _cfg(consumer: str, **overrides) -> WorkerConfig:
-    return WorkerConfig(group="test", consumer=consumer, lease_ms=3000, shards=SHARDS, **overrides)
+    return WorkerConfig(
+        **{"group": "test", "consumer": consumer, "lease_ms": 3000, "shards": SHARDS, **overrides}
+    )
 
 
 class RecordingEngine(FakeEngine):
@@ -76,6 +78,52 @@ def _events(r, queue, job_id: str, shard: int) -> list[dict]:
 
 def _done(r, queue, job_id: str, shard: int) -> bool:
     return any(e["type"] == "done" for e in _events(r, queue, job_id, shard))
+
+
+def test_an_idle_worker_on_one_redis_wakes_for_any_shard(redis_server, r):
+    """Idle on every shard of one Redis, a worker waits in one XREADGROUP over all the shard streams
+    (intake/joint_wait.py), so a job on any shard wakes it. Blocking on each shard in turn for
+    block_ms / shards (6 s each here) would leave a job on another shard waiting for its turn."""
+    from tests.helpers.worker_fakes import blocked_clients
+    from worker.client import collect
+
+    queue = ShardedQueue(r, ShardedKeys("conveyor", SHARDS))
+    cfg = _cfg("w1", block_ms=6000 * SHARDS, lease_ms=120_000)  # (heartbeats would end an idle wait)
+    with on_a_thread(shards_on_one_redis(FakeEngine(step_s=0.001), connect(redis_server.url), cfg)):
+        for k in [3, 1, 2, 0]:  # (not the order an idle worker's turns would go round in)
+            job_id = next(f"w{i}" for i in range(1000) if _shard(f"w{i}") == k)
+            wait_until(lambda: blocked_clients(r) == 1, 30, "the worker blocked, idle")
+            shard = queue.submit({"id": job_id, "prompt": "p", "max_tokens": 2})
+            assert shard == k
+            assert collect(r, job_id, queue.keys(shard), timeout_s=3)[-1]["type"] == "done"
+
+
+def _shard(job_id: str) -> int:
+    from worker.shard_choice import choose_shard
+
+    return choose_shard({"id": job_id}, SHARDS)
+
+
+def test_an_idle_worker_takes_over_a_dead_consumer_s_jobs_on_every_shard(redis_server, r):
+    """An entry left pending by a consumer that died is claimed once its lease lapses, on each shard of
+    one Redis in turn, by a worker otherwise idle (claims need room, which the lane leading a cycle has:
+    every lane must lead in turn, idle cycles included)."""
+    import json
+
+    from worker.client import collect
+    from worker.keys import JOB_FIELD
+
+    sharded = ShardedKeys("conveyor", SHARDS)
+    for keys in sharded.all():
+        r.xgroup_create(keys.requests, "test", id="0", mkstream=True)
+    cfg = _cfg("w1", lease_ms=1000)
+    with on_a_thread(shards_on_one_redis(FakeEngine(step_s=0.001), connect(redis_server.url), cfg)):
+        for k in [2, 0, 3, 1, 2, 0]:
+            keys, job_id = sharded.shard(k), f"d{k}-{r.incr('n')}"
+            r.xadd(keys.requests, {JOB_FIELD: json.dumps({"id": job_id, "prompt": "p", "max_tokens": 3})})
+            r.xreadgroup("test", "dead", {keys.requests: ">"}, count=1)  # pending under a consumer gone
+            assert collect(r, job_id, keys, timeout_s=20)[-1]["type"] == "done"
+            assert r.xpending(keys.requests, "test")["pending"] == 0
 
 
 def test_takeover_after_kill_9_on_a_sharded_redis(redis_server, r, tiny_model, tmp_path):
