@@ -132,7 +132,7 @@ def main() -> None:
 @main.command()
 @config_options(EngineConfig)
 @redis_options
-@config_options(Keys, exclude=("prefix", "requests_stream"))
+@config_options(Keys, exclude=("prefix", "requests_stream", "served_model"))
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
 @config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
 @config_options(Limits)
@@ -228,7 +228,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
         client,
         cfg.keys,
         consumer=cfg.consumer,
-        model=group_name(model),
+        model=cfg.keys.served_model or group_name(model),
         group=cfg.group,
         streams=streams,
         max_model_len=engine.max_model_len,
