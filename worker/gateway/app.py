@@ -14,8 +14,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import make_asgi_app
 
-from worker.gateway import errors, health
+from worker.gateway import completions, errors, health, models
 from worker.gateway.body_limit import BodyLimit
+from worker.gateway.fleet_view import FleetView
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
 from worker.keys import Keys
@@ -27,6 +28,7 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = client if client is not None else connect_async(settings)
+        app.state.fleet = FleetView(app.state.redis, app.state.keys)
         tasks = [asyncio.create_task(start(app)) for start in app.state.starters]
         try:
             yield
@@ -44,5 +46,7 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(completions.router)
     app.mount("/metrics", make_asgi_app())  # the process's Prometheus registry (worker/gateway/metrics.py)
     return app
