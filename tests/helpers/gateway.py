@@ -65,7 +65,7 @@ def spawn_gateway(url: str, log_dir: Path, *extra: str) -> GatewayProc:
 _ENGINES: dict[str, object] = {}
 
 
-def greedy(model: str, prompt, max_tokens: int) -> str:
+def greedy(model: str, prompt, max_tokens: int, ignore_eos: bool = False) -> str:
     """The engine's own greedy text for a prompt (a str, or a list of chat messages) in this process."""
     import torch
 
@@ -77,5 +77,5 @@ def greedy(model: str, prompt, max_tokens: int) -> str:
     if engine is None:
         engine = _ENGINES[model] = LLMEngine(model, num_kv_blocks=256, max_num_seqs=4)
     given = Chat(prompt) if isinstance(prompt, list) else prompt
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     return engine.generate([given], params)[0].text  # type: ignore[attr-defined]

@@ -28,6 +28,8 @@ _SHARED = (
     "min_p",
     "repetition_penalty",
     "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
     "structured_outputs",
 )
 # Accepted and ignored: they change nothing about the tokens (the model is whatever the workers serve).

@@ -266,6 +266,7 @@ def serve(**kw: Any) -> None:
     """The OpenAI-compatible HTTP API over the queue (stateless: run as many as you like)."""
     from pydantic import ValidationError
 
+    from worker.cli import logs
     from worker.gateway.serve import run
     from worker.gateway.settings import GatewaySettings, parse_api_keys
 
@@ -274,6 +275,7 @@ def serve(**kw: Any) -> None:
         kw["request_timeout_s"] = kw.pop("request_timeout")
         log_level = kw.pop("log_level")
         settings = GatewaySettings(**kw)
+        logs.configure(log_level)
     except (ValueError, ValidationError) as exc:
         raise click.BadParameter(str(exc)) from None
     run(settings, log_level)

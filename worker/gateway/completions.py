@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any
 
+import structlog
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -33,6 +34,7 @@ from worker.keys import requests_stream_name
 from worker.protocol import JOB_ID_PATTERN, Job
 
 router = APIRouter()
+log = structlog.get_logger("conveyor.gateway")
 GRACE_S = 2.0  # past the job's deadline, how long the worker has to write its terminal event
 
 
@@ -96,6 +98,7 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     job_keys = job_io.keys_of_stream(keys, stream_name, settings.shards if settings.cluster else None)
 
     async def cancel() -> None:
+        log.info("answer abandoned: job cancelled", request_id=job_id)
         await job_io.cancel(client, job_keys, job_id, sharded=settings.cluster)
 
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S

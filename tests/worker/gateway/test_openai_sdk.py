@@ -118,3 +118,55 @@ def test_curl_reads_the_sse_stream(served, tiny_model):
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text == greedy(tiny_model, CHAT, 8)
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_job(sdk, served):
+    import redis
+
+    from tests.helpers.rel_helpers import read_events, terminal
+    from tests.helpers.waiting import wait_until
+
+    stream = sdk.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=1500,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        extra_headers={"X-Request-Id": "leaver"},
+    )
+    for seen, _ in enumerate(stream):
+        if seen == 3:
+            break
+    stream.close()
+    client = redis.Redis.from_url(served[0])
+    end = wait_until(lambda: terminal(read_events(client, f"{TENANT}:leaver")), 60, "the job to end")
+    why = (end, served[1].log.read_text()[-2000:])
+    assert (end["type"], end["finish_reason"], end.get("reason")) == ("done", "abort", "cancel"), why
+    assert end["usage"]["completion_tokens"] < 1500
+
+
+def test_the_node_example_streams_with_the_js_openai_package(served, tiny_model):
+    import os
+    from pathlib import Path
+
+    # A missing tool or a failed `npm ci` (the npm registry is reachable where the tests run) fails.
+    assert shutil.which("node") and shutil.which("npm"), "node and npm are not installed"
+    example = Path(__file__).resolve().parents[3] / "examples" / "openai-node"
+    if not (example / "node_modules" / "openai").exists():
+        ci = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=example, capture_output=True, text=True, timeout=180
+        )
+        assert ci.returncode == 0, f"npm ci failed: {ci.stderr[-600:]}"
+    env = {**os.environ, "OPENAI_BASE_URL": served[1].base_url, "OPENAI_API_KEY": KEY, "MODEL": MODEL}
+    done = subprocess.run(
+        ["node", "chat.js", "Hello from Node", "12"],
+        cwd=example,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    want = greedy(tiny_model, [{"role": "user", "content": "Hello from Node"}], 12)
+    assert done.stdout == want + "\n[done: length, 12 tokens]\n"
