@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from prometheus_client import make_asgi_app
 
 from worker.gateway import completions, errors, health, models
 from worker.gateway.body_limit import BodyLimit
 from worker.gateway.fleet_view import FleetView
+from worker.gateway.metrics import Counted
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
 from worker.keys import Keys
@@ -45,8 +45,8 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     app.state.starters = []
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Counted)
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(completions.router)
-    app.mount("/metrics", make_asgi_app())  # the process's Prometheus registry (worker/gateway/metrics.py)
     return app

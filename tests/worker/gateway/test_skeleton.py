@@ -24,6 +24,9 @@ def test_health_answers_and_unknown_paths_are_openai_errors(redis_server):
         missing = http.get("/v1/nothing-here")
         assert missing.status_code == 404
         assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+        metrics = http.get("/metrics").text
+        assert 'conveyor_gateway_requests_total{path="other",status="404"}' in metrics
+        assert 'conveyor_gateway_requests_total{path="/health",status="200"}' in metrics
 
 
 def test_health_is_503_without_redis():
