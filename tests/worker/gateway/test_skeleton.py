@@ -42,3 +42,10 @@ def test_a_body_over_the_limit_is_413_before_any_route_reads_it():
     with TestClient(create_app(settings)) as http:
         answer = http.post("/v1/chat/completions", content=b"x" * 2048)
         assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"
+
+        def chunks():  # no Content-Length: counted while the route reads it
+            yield b"x" * 1000
+            yield b"x" * 1000
+
+        chunked = http.post("/v1/completions", content=chunks())
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "payload_too_large"
