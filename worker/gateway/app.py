@@ -19,6 +19,7 @@ from worker.gateway.fleet_view import FleetView
 from worker.gateway.metrics import Counted
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
+from worker.gateway.stream_hub import StreamHub
 from worker.keys import Keys
 
 
@@ -29,7 +30,13 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = client if client is not None else connect_async(settings)
         app.state.fleet = FleetView(app.state.redis, app.state.keys)
+        # One reader for every output stream (a multi-key XREAD stays in one slot: not in a cluster).
+        app.state.hub = (
+            None if settings.cluster else StreamHub(app.state.redis, app.state.keys, settings.block_ms)
+        )
         tasks = [asyncio.create_task(start(app)) for start in app.state.starters]
+        if app.state.hub is not None:
+            tasks.append(asyncio.create_task(app.state.hub.run()))
         try:
             yield
         finally:

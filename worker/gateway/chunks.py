@@ -129,4 +129,6 @@ async def chunks(writer: ChunkWriter, events: AsyncIterator[dict], first: dict) 
                 yield writer.error(from_worker(event["code"], event["message"]))
     except TimeoutError:
         yield writer.error(timed_out(writer.timeout_s))
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
     yield DONE

@@ -102,8 +102,13 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         await job_io.cancel(client, job_keys, job_id, sharded=settings.cluster)
 
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
-    events = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
+    hub = request.app.state.hub
+    if hub is not None:
+        events = hub.follow(job_keys, job_id, deadline)
+    else:
+        events = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
     headers = {"x-request-id": job_id}
+    streaming = False
     try:
         first = await unless_disconnected(request.receive, anext(events))
         if first["type"] == "error":
@@ -112,6 +117,7 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
             n = job.get("n") or 1
             include_usage = bool((options or {}).get("include_usage"))
             writer = ChunkWriter(url, job_id, model, n, include_usage, settings.request_timeout_s)
+            streaming = True  # from here on the response follows the events, and stops following
             return EventStream(chunks(writer, events, first), headers, cancel)
         found = [first] + (
             [] if first["type"] == "done" else await unless_disconnected(request.receive, _rest(events))
@@ -126,6 +132,9 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     except APIError as exc:
         exc.headers.update(headers)
         raise
+    finally:
+        if not streaming:
+            await events.aclose()
     return JSONResponse(answer, headers=headers)
 
 

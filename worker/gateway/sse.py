@@ -49,6 +49,7 @@ class EventStream(Response):
             for task in (stream, listen):
                 task.cancel()
             await asyncio.gather(stream, listen, return_exceptions=True)
+            await self.chunks.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
             if not ended:  # the client left (or the stream failed): nobody will read the job's answer
                 await self.on_disconnect()
         failure = None if stream.cancelled() else stream.exception()
