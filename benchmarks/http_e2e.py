@@ -11,7 +11,8 @@ thread (as in `conveyor worker`) with its registry heartbeat, serving the model 
            /v1/completions requests (prompt token ids, SSE, include_usage), while a second process reads
            the same jobs' output streams from Redis, as in the redis run.
 Added latency per token: for each SSE chunk, the time the HTTP client read it minus the time the Redis
-reader read the same token event (the k-th event with text of that job). Targets: gateway throughput
+reader read the same token event (the k-th of that job; jobs ask for the sampled token's logprob, so
+every event has a chunk). Targets: gateway throughput
 >= 90% of Redis directly; added latency p99 < 5 ms. Writes JSON to benchmarks/results/.
 """
 
@@ -43,7 +44,7 @@ MODEL = "bench"
 
 def read_streams(url: str, prefix: str, ids: list[str], ready, result) -> None:
     """Client process: every output stream from its start to its terminal event; per job, the read time
-    of each token event with text, in order."""
+    of each token event, in order."""
     client = connect(url)
     keys = Keys(prefix)
     cursors = {keys.out(i): b"0" for i in ids}
@@ -58,8 +59,7 @@ def read_streams(url: str, prefix: str, ids: list[str], ready, result) -> None:
                 cursors[key] = entry_id
                 if event["type"] == "token":
                     tokens += len(event["token_ids"])
-                    if event["text"]:
-                        seen[job_id].append(time.time())
+                    seen[job_id].append(time.time())
                 else:
                     cursors.pop(key)
                     break
@@ -93,7 +93,7 @@ def http_clients(base: str, requests: list[tuple[str, dict]], clients: int, read
                         chunk = json.loads(line[6:])
                         if chunk.get("usage"):
                             tokens += chunk["usage"]["completion_tokens"]
-                        if chunk["choices"] and chunk["choices"][0]["text"]:
+                        if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:
                             times.append(time.time())
 
             ready.set()
@@ -129,6 +129,9 @@ def job_body(job) -> dict:
         "max_tokens": job.max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
+        # The sampled token's logprob: every token event then has a chunk of its own (an event whose text is
+        # held back has none without it), so chunks and events pair one to one. Both runs ask for it.
+        "logprobs": 0,
     }
 
 
