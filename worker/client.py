@@ -21,6 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from worker.affinity_key import with_affinity
 from worker.connection import Backoff
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 
@@ -28,8 +29,12 @@ _DEFAULT_BLOCK_MS = 5000
 _UNSET = object()
 
 
-def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
+def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None, affinity: bool = True) -> bytes:
+    """XADD the job; with `affinity`, a job without an `affinity` key gets the default one
+    (worker/affinity_key.py), so that the jobs sharing a prompt prefix go to the same workers."""
     keys = keys or Keys()
+    if affinity:
+        job = with_affinity(job)
     entry_id: bytes = client.xadd(keys.requests, {JOB_FIELD: json.dumps(job)})  # type: ignore[assignment]
     return entry_id
 
