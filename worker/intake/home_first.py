@@ -5,7 +5,12 @@ of them is hungry (its last read was full), split evenly between the hungry ones
 longest waiting. Only when no home lane is hungry does the worker steal: each home lane is probed with
 one entry (new work there is seen within a round), and the rest goes to the hungry lanes of other shards,
 the longest waiting first. With no lane hungry at all (short queues), the longest waiting home lane
-reads all the room.
+reads all the room (a worker with no home lane, when there are more workers than shards: the longest
+waiting lane).
+
+The home set changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as
+workers join and leave). What each read took is counted as taken from home or stolen (`from_home`,
+`stolen`), for the worker's metrics.
 
 No lane starves: any lane given nothing for `patience` rounds with room is read one entry first
 (intake/read_policy.py), so a shard whose home worker died is still served by the others before its owner
@@ -23,9 +28,24 @@ from worker.intake.read_policy import ReadPolicy
 class HomeFirst(ReadPolicy):
     def __init__(self, lanes: int, home: set[int], patience: int = 16) -> None:
         super().__init__(lanes, patience)
-        if not home or not home <= set(range(lanes)):
-            raise ValueError(f"home lanes {sorted(home)} are not a non-empty subset of 0..{lanes - 1}")
-        self.home = set(home)
+        self.home: set[int] = set()
+        self.move_home(home)
+        self.from_home = 0  # jobs read from home lanes
+        self.stolen = 0  # jobs read from other lanes
+
+    def move_home(self, home: set[int]) -> bool:
+        """Read `home` first from the next round on; returns whether the set changed."""
+        if not home <= set(range(self.lanes)):
+            raise ValueError(f"home lanes {sorted(home)} are not a subset of 0..{self.lanes - 1}")
+        changed, self.home = set(home) != self.home, set(home)
+        return changed
+
+    def read_back(self, lane: int, asked: int, got: int) -> None:
+        super().read_back(lane, asked, got)
+        if lane in self.home:
+            self.from_home += got
+        else:
+            self.stolen += got
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
@@ -38,7 +58,7 @@ class HomeFirst(ReadPolicy):
             return shares
         others = self.by_wait([k for k in range(self.lanes) if k not in self.home and self.hungry[k]])
         if not others:
-            shares[home[0]] = room
+            shares[(home or self.by_wait(list(range(self.lanes))))[0]] = room
             return shares
         left = room
         for k in home:

@@ -29,6 +29,7 @@ POLICIES = {
     "priority": lambda n: PriorityLanes(n, patience=3),
     "fair": lambda n: FairShare([1.0 + k for k in range(n)], patience=3),
     "home": lambda n: HomeFirst(n, {0}, patience=3),
+    "no home": lambda n: HomeFirst(n, set(), patience=3),
     "shares": lambda n: ReadShares(n),
 }
 
@@ -172,3 +173,25 @@ def test_a_shard_whose_home_worker_died_is_still_read():
         for k, g in enumerate(feed(policy, policy.shares(3), backlog)):
             got[k] += g
     assert got[1] >= 60 // 6 and got[0] > got[1]
+
+
+def test_home_lanes_move_at_run_time_and_reads_are_counted_as_home_or_stolen():
+    policy = HomeFirst(3, {0}, patience=100)
+    policy.hungry = [False, True, False]
+    assert policy.shares(4) == [1, 3, 0]  # home lane 0 probed, lane 1 stolen from
+    policy.read_back(0, asked=1, got=0)
+    policy.read_back(1, asked=3, got=3)
+    assert (policy.from_home, policy.stolen) == (0, 3)
+    assert policy.move_home({1}) and not policy.move_home({1})
+    assert policy.shares(4) == [0, 4, 0]  # lane 1 is home now, and hungry
+    policy.read_back(1, asked=4, got=2)
+    assert (policy.from_home, policy.stolen) == (2, 3)
+    with pytest.raises(ValueError):
+        policy.move_home({3})
+
+
+def test_a_worker_without_home_lanes_only_steals():
+    policy = HomeFirst(3, set(), patience=100)
+    assert policy.shares(5) == [5, 0, 0]  # nothing hungry: the longest waiting lane
+    policy.hungry = [False, False, True]
+    assert policy.shares(5) == [0, 0, 5]
