@@ -106,6 +106,11 @@ class Heartbeat:
         with self._lock:
             self.record = self.record.model_copy(update=changes)
 
+    def set_home_shards(self, shards: list[int]) -> None:
+        """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
+        with self._lock:
+            self.record = self.record.model_copy(update={"home_shards": shards})
+
     # ---- the thread -------------------------------------------------------------------------------------
     def start(self) -> None:
         """Register and keep beating; a second call does nothing. Called once the worker holds its consumer

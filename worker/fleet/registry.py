@@ -55,6 +55,7 @@ class WorkerRecord(BaseModel):
     tokens_out_per_s: float = 0.0  # output tokens per second
     last_step_ms: int | None = None  # when its engine last stepped (worker's clock); None: never
     draining: bool = False  # stopping: finishing its jobs, taking no new ones
+    home_shards: list[int] | None = None  # the shards it reads first (prefix affinity); None: no home set
 
 
 class Member(BaseModel):
