@@ -92,6 +92,9 @@ class Heartbeat:
             "waiting": stats.num_waiting,
             "kv_blocks_used": stats.num_kv_blocks_used,
             "kv_blocks_total": stats.num_kv_blocks_total,
+            "prompt_tokens": stats.num_prompt_tokens,
+            "prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits,
         }
         if stepped:
             changes["last_step_ms"] = now_ms()
