@@ -8,7 +8,8 @@ the longest waiting first. With no lane hungry at all (short queues), the longes
 reads all the room (a worker with no home lane, when there are more workers than shards: the longest
 waiting lane).
 
-The home set changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as
+Home lanes start hungry, and so does a lane that becomes home, so a worker reads its own backlog before
+it waits on every lane. The home set changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as
 workers join and leave). What each read took is counted as taken from home or stolen (`from_home`,
 `stolen`), for the worker's metrics.
 
@@ -37,6 +38,8 @@ class HomeFirst(ReadPolicy):
         """Read `home` first from the next round on; returns whether the set changed."""
         if not home <= set(range(self.lanes)):
             raise ValueError(f"home lanes {sorted(home)} are not a subset of 0..{self.lanes - 1}")
+        for k in set(home) - self.home:
+            self.hungry[k] = True  # read at once: a new home lane may hold a backlog (not stolen first)
         changed, self.home = set(home) != self.home, set(home)
         return changed
 

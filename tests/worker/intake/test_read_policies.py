@@ -195,3 +195,13 @@ def test_a_worker_without_home_lanes_only_steals():
     assert policy.shares(5) == [5, 0, 0]  # nothing hungry: the longest waiting lane
     policy.hungry = [False, False, True]
     assert policy.shares(5) == [0, 0, 5]
+
+
+def test_home_lanes_start_hungry_so_a_backlog_at_home_is_read_before_stealing():
+    policy = HomeFirst(4, {1, 2}, patience=100)
+    assert policy.hungry == [False, True, True, False]
+    assert policy.shares(6) == [0, 3, 3, 0]
+    policy.read_back(1, asked=3, got=1)
+    policy.read_back(2, asked=3, got=0)
+    policy.move_home({2, 3})
+    assert policy.hungry == [False, False, False, True]  # lane 3 is new at home; lane 2 was read dry
