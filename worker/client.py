@@ -22,8 +22,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from worker.affinity_key import with_affinity
+from worker.cluster.shard_keys import ShardedKeys
 from worker.connection import Backoff
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
+from worker.shard_choice import choose_shard
 
 _DEFAULT_BLOCK_MS = 5000
 _UNSET = object()
@@ -37,6 +39,14 @@ def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None, affinity: 
         job = with_affinity(job)
     entry_id: bytes = client.xadd(keys.requests, {JOB_FIELD: json.dumps(job)})  # type: ignore[assignment]
     return entry_id
+
+
+def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys) -> int:
+    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py).
+    Returns the shard; the job's events are read with `sharded.shard(<it>)`'s keys."""
+    shard = choose_shard(job, sharded.shards)
+    enqueue(client, job, sharded.shard(shard))
+    return shard
 
 
 class NoAnswer(TimeoutError):
