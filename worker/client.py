@@ -41,11 +41,14 @@ def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None, affinity: 
     return entry_id
 
 
-def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys) -> int:
-    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py).
+def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys, affinity: bool = True) -> int:
+    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py), with
+    the default affinity key set first (unless `affinity` is False), so its key chooses the shard.
     Returns the shard; the job's events are read with `sharded.shard(<it>)`'s keys."""
+    if affinity:
+        job = with_affinity(job)
     shard = choose_shard(job, sharded.shards)
-    enqueue(client, job, sharded.shard(shard))
+    enqueue(client, job, sharded.shard(shard), affinity=False)
     return shard
 
 

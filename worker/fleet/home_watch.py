@@ -20,14 +20,19 @@ from collections.abc import Callable
 import redis
 import structlog
 
+from worker.config import WorkerConfig
 from worker.fleet import registry
 from worker.fleet.heartbeat import Heartbeat
 from worker.fleet.home_shards import home_shards
 from worker.intake.home_first import HomeFirst
 from worker.keys import Keys
+from worker.run.lanes_worker import LanesWorker
 from worker.run.metrics import Metrics
 
 log = structlog.get_logger("conveyor.worker")
+# Rounds with room a non-home shard may go unread while the home shards have work: rare probes keep it
+# served (intake/read_policy.py) without stealing much from live owners; ownership moves take over.
+PATIENCE = 64
 
 
 class HomeWatch:
@@ -61,7 +66,7 @@ class HomeWatch:
         self._last = now
         try:
             self.refresh(registry.read(self.client, self.keys))
-        except (redis.ConnectionError, redis.TimeoutError) as exc:  # keep the home set; the loop notices
+        except redis.RedisError as exc:  # keep the home set; the loop notices a lost Redis on its own
             log.warning("could not read the worker registry; home shards unchanged", error=str(exc))
 
     def refresh(self, members: list[registry.Member]) -> bool:
@@ -90,3 +95,26 @@ class HomeWatch:
             self.metrics.jobs_read("stolen", stolen_n - self._counted[1])
             self._counted = (home_n, stolen_n)
         return changed
+
+
+def use_home_shards(
+    w: LanesWorker, client, cfg: WorkerConfig, heartbeat: Heartbeat | None = None
+) -> HomeWatch:
+    """`--affinity`: read `w`'s lanes (a lane per shard) with HomeFirst, its home set kept current between
+    ticks. Until the first refresh (at the first tick) every shard is home."""
+    lanes = len(w.lanes)
+    policy = HomeFirst(lanes, set(range(lanes)), patience=PATIENCE)
+    w.use_policy(policy)
+    watch = HomeWatch(
+        client,
+        cfg.keys,
+        policy,
+        consumer=cfg.consumer,
+        group=cfg.group,
+        streams=[lane.stream for lane in w.lanes],
+        interval_s=cfg.registry_interval_s,
+        metrics=w.metrics,
+        heartbeat=heartbeat,
+    )
+    w.between_ticks.append(watch)
+    return watch

@@ -26,6 +26,13 @@ def test_the_examples_table(example):
     assert affinity_of(example["job"]) == example["key"]
 
 
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e["name"] for e in EXAMPLES])
+def test_the_examples_shard_of_eight(example):
+    from worker.shard_choice import choose_shard
+
+    assert choose_shard(with_affinity(example["job"]), 8) == example["shard"]
+
+
 def test_the_table_says_the_documented_prefix_length():
     assert json.loads(TABLE.read_text(encoding="utf-8"))["prefix_chars"] == PREFIX_CHARS == 256
 
