@@ -45,6 +45,12 @@ class HomeFirst(ReadPolicy):
 
     def read_back(self, lane: int, asked: int, got: int) -> None:
         super().read_back(lane, asked, got)
+        self._count(lane, got)
+
+    def idle_read(self, lane: int, got: int) -> None:
+        self._count(lane, got)
+
+    def _count(self, lane: int, got: int) -> None:
         if lane in self.home:
             self.from_home += got
         else:

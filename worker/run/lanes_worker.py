@@ -171,6 +171,8 @@ class LanesWorker:
                 continue
             wait = wait and not self.workers[k].has_work()  # its wait found jobs: the others must not wait
             if step is None:
+                if self.workers[k].arrived:  # an idle wait on this lane found jobs
+                    policy.idle_read(k, len(self.workers[k].arrived))
                 continue
             if self.servers.moved(self.workers[k].client):  # nothing goes to the new server before the
                 self.restart_lane(k, RuntimeError(f"lane {k}'s server moved"))  # lane forgot its jobs
