@@ -8,7 +8,8 @@ the longest waiting first. With no lane hungry at all (short queues), the longes
 reads all the room (a worker with no home lane, when there are more workers than shards: the longest
 waiting lane).
 
-Home lanes start hungry, and so does a lane that becomes home, so a worker reads its own backlog before
+An idle worker blocks on every lane in turn (so no job waits while it is idle) but takes one job from
+a lane that is not home (`idle_cap`). Home lanes start hungry, and so does a lane that becomes home, so a worker reads its own backlog before
 it waits on every lane. The home set changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as
 workers join and leave). What each read took is counted as taken from home or stolen (`from_home`,
 `stolen`), for the worker's metrics.
@@ -46,6 +47,12 @@ class HomeFirst(ReadPolicy):
     def read_back(self, lane: int, asked: int, got: int) -> None:
         super().read_back(lane, asked, got)
         self._count(lane, got)
+
+    def idle_cap(self, lane: int) -> int | None:
+        """Idle, a worker takes all it has room for from a home lane, one job from another's: it is busy
+        then, reads its home lanes first, and steals more only when they are short. A burst of jobs
+        arriving at idle workers is not scattered over whichever lane each was blocked on."""
+        return None if lane in self.home or not self.home else 1
 
     def idle_read(self, lane: int, got: int) -> None:
         self._count(lane, got)

@@ -165,7 +165,7 @@ class LanesWorker:
                 if k in self._leaving:
                     continue
             try:
-                step = self.workers[k].begin(max_reads=shares[k], wait=wait)
+                step = self.workers[k].begin(max_reads=shares[k], wait=wait, max_waited=policy.idle_cap(k))
             except self.servers.moved_errors as moved:  # while waiting idle
                 self.restart_lane(k, moved)
                 continue

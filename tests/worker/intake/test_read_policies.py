@@ -205,3 +205,9 @@ def test_home_lanes_start_hungry_so_a_backlog_at_home_is_read_before_stealing():
     policy.read_back(2, asked=3, got=0)
     policy.move_home({2, 3})
     assert policy.hungry == [False, False, False, True]  # lane 3 is new at home; lane 2 was read dry
+
+
+def test_an_idle_worker_takes_one_job_from_a_lane_that_is_not_home():
+    assert HomeFirst(3, {0}).idle_cap(0) is None and HomeFirst(3, {0}).idle_cap(2) == 1
+    assert HomeFirst(3, set()).idle_cap(2) is None  # no home: all the room from any lane
+    assert OneLane().idle_cap(0) is None
