@@ -79,7 +79,17 @@ class HomeWatch:
         }
         peers.add(self.consumer)
         self.peers = sorted(peers)
-        home = home_shards(self.policy.lanes, self.peers)[self.consumer]
+        owned = home_shards(self.policy.lanes, self.peers)
+        home = owned[self.consumer]
+        records = {r.consumer: r for r in registry.live(members)}
+        full = {name for name, r in records.items() if r.waiting > 0 or r.running >= r.capacity}
+        # Shards whose owner has no room, or has left (its record lapsed): their jobs would wait.
+        self.policy.stealable = {
+            k
+            for name, mine in owned.items()
+            if name != self.consumer and (name in full or name not in records)
+            for k in mine
+        }
         changed = self.policy.move_home(home) and self._last_home is not None  # not the first set
         self._last_home = home
         if changed:

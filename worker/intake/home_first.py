@@ -8,15 +8,18 @@ the longest waiting first. With no lane hungry at all (short queues), the longes
 reads all the room (a worker with no home lane, when there are more workers than shards: the longest
 waiting lane).
 
-An idle worker blocks on every lane in turn (so no job waits while it is idle) but takes one job from
-a lane that is not home (`idle_cap`). Home lanes start hungry, and so does a lane that becomes home, so a worker reads its own backlog before
-it waits on every lane. The home set changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as
-workers join and leave). What each read took is counted as taken from home or stolen (`from_home`,
-`stolen`), for the worker's metrics.
+Stealing is for jobs that would otherwise wait: only from lanes in `stealable` (HomeWatch sets it to the
+shards of peers with no room, per their registry records, and of peers gone; None: every lane not home),
+and never while a home lane is hungry, not even the one-entry probes that keep other lanes from waiting
+`patience` rounds (intake/read_policy.py). A lane that is neither home nor stealable is its live owner's
+to read: it has room. An idle worker blocks on every lane in turn, taking all it has room for from a
+home lane, one job from a stealable lane and none from the others (`idle_cap`). Home lanes start
+hungry, and so does a lane that becomes home, so a worker reads its own backlog first. The home set
+changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as workers join and
+leave). What each read took is counted as taken from home or stolen (`from_home`, `stolen`).
 
-No lane starves: any lane given nothing for `patience` rounds with room is read one entry first
-(intake/read_policy.py), so a shard whose home worker died is still served by the others before its owner
-changes hands.
+A shard whose home worker died becomes stealable, then another worker's home, within one registry TTL
+plus one interval (worker/fleet/home_watch.py): within one lease with the defaults.
 
     room 6, home {0, 1}, hungry {1, 2}        ->  [0, 6, 0]
     room 6, home {0, 1}, hungry {2}           ->  [1, 1, 4]
@@ -32,6 +35,7 @@ class HomeFirst(ReadPolicy):
         super().__init__(lanes, patience)
         self.home: set[int] = set()
         self.move_home(home)
+        self.stealable: set[int] | None = None  # None: every lane not home
         self.from_home = 0  # jobs read from home lanes
         self.stolen = 0  # jobs read from other lanes
 
@@ -48,11 +52,24 @@ class HomeFirst(ReadPolicy):
         super().read_back(lane, asked, got)
         self._count(lane, got)
 
+    def may_steal(self, lane: int) -> bool:
+        return lane not in self.home and (self.stealable is None or lane in self.stealable)
+
+    def shares(self, room: int, first: int = 0) -> list[int]:
+        shares = super().shares(room, first)
+        home_hungry = any(self.hungry[k] for k in self.home)
+        for k in range(self.lanes):
+            if k not in self.home and (home_hungry or not self.may_steal(k)):
+                shares[k] = 0
+        return shares
+
     def idle_cap(self, lane: int) -> int | None:
-        """Idle, a worker takes all it has room for from a home lane, one job from another's: it is busy
-        then, reads its home lanes first, and steals more only when they are short. A burst of jobs
+        """Idle, a worker takes all it has room for from a home lane and one job from a stealable one:
+        it is busy then, reads its home lanes first, and steals more only when they are short. A burst
         arriving at idle workers is not scattered over whichever lane each was blocked on."""
-        return None if lane in self.home or not self.home else 1
+        if lane in self.home or not self.home:
+            return None
+        return 1 if self.may_steal(lane) else 0
 
     def idle_read(self, lane: int, got: int) -> None:
         self._count(lane, got)

@@ -11,6 +11,7 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
+from engine.outputs import EngineStats
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_fakes import FakeEngine, on_a_thread, real_engine, spawn_worker
 from worker.cluster.shard_keys import ShardedKeys
@@ -39,6 +40,10 @@ class RecordingEngine(FakeEngine):
         n = super().add_request(request_id, prompt, params, **kwargs)
         self.added.append(request_id)
         return n
+
+
+def stats(running: int) -> EngineStats:
+    return EngineStats(running, 0, 100, 0, 100, 0, 0, 0, 0)
 
 
 def heartbeat(client, consumer: str, capacity: int = 4) -> Heartbeat:
@@ -124,7 +129,8 @@ def test_jobs_routed_by_key_run_exactly_once_and_homes_split_the_shards(redis_se
 
 def test_home_work_first_then_stealing_from_a_peer_that_does_not_read(redis_server, r):
     """A registered peer that never reads owns half the shards: this worker runs every job of its own
-    shards before any of the peer's (no stealing while home has work), then the peer's (stealing)."""
+    shards first (no stealing while home has work), leaves the peer's alone while the peer has room, and
+    takes them once the peer's record says it is full (stealing)."""
     ghost = heartbeat(r, "ghost")
     ghost.start()
     try:
@@ -141,6 +147,13 @@ def test_home_work_first_then_stealing_from_a_peer_that_does_not_read(redis_serv
                 assert jobs[job_id] == k
         engine = RecordingEngine(max_num_seqs=1, step_s=0.003)
         with running(affinity_worker(redis_server.url, engine, "w1")) as w:
+            for job_id, shard in jobs.items():
+                if shard in mine:
+                    wait_until(lambda j=job_id, s=shard: done(r, j, s), 60, f"{job_id} done")
+            time.sleep(1.0)  # the peer has room (its record): its shards are its own to read
+            assert all(r.xinfo_groups(STREAMS[k])[0]["lag"] == 3 for k in theirs)
+            ghost.update(stats(running=ghost.record.capacity), stepped=True)  # the peer is full now
+            ghost.beat()
             for job_id, shard in jobs.items():
                 wait_until(lambda j=job_id, s=shard: done(r, j, s), 60, f"{job_id} done")
             stolen, from_home = w.policy.stolen, w.policy.from_home

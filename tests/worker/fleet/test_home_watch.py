@@ -126,3 +126,20 @@ def test_draining_workers_give_their_shards_away_and_reads_are_counted(r):
         assert value(metrics, "conveyor_jobs_read_total", source="home") == 2
     finally:
         b.stop()
+
+
+def test_the_shards_of_a_peer_without_room_are_stealable(r):
+    from engine.outputs import EngineStats
+
+    b = beat(r, "b")
+    w = watch(r)
+    try:
+        w()
+        assert w.policy.stealable == set()  # b has room: its shards are b's to read
+        b.update(EngineStats(8, 0, 100, 0, 100, 0, 0, 0, 0), stepped=True)  # capacity 8: full
+        b.beat()
+        time.sleep(0.06)
+        w()
+        assert w.policy.stealable == home_shards(SHARDS, ["a", "b"])["b"]
+    finally:
+        b.stop()
