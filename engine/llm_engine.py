@@ -115,6 +115,7 @@ class LLMEngine:
         self._pending: list[StepDelta] = []
         self._ids = itertools.count()
         self._num_generated_tokens = 0
+        self._num_prompt_tokens = 0  # of the requests accepted by add_request (once per request, any n)
 
     # ------------------------------------------------------------------ requests
 
@@ -196,6 +197,7 @@ class LLMEngine:
                 continue
             self.structured.admit(request)
             self.scheduler.add_request(request)
+        self._num_prompt_tokens += len(prompt_ids)
         return len(prompt_ids)
 
     def check_structured(self, params: SamplingParams) -> None:
@@ -422,6 +424,7 @@ class LLMEngine:
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
             num_generated_tokens=self._num_generated_tokens,
+            num_prompt_tokens=self._num_prompt_tokens,
         )
 
     def free_capacity(self) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from worker.affinity_key import with_affinity
 from worker.cluster.shard_keys import ShardedKeys
 from worker.connection import Backoff
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
@@ -30,17 +31,24 @@ _DEFAULT_BLOCK_MS = 5000
 _UNSET = object()
 
 
-def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
+def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None, affinity: bool = True) -> bytes:
+    """XADD the job; with `affinity`, a job without an `affinity` key gets the default one
+    (worker/affinity_key.py), so that the jobs sharing a prompt prefix go to the same workers."""
     keys = keys or Keys()
+    if affinity:
+        job = with_affinity(job)
     entry_id: bytes = client.xadd(keys.requests, {JOB_FIELD: json.dumps(job)})  # type: ignore[assignment]
     return entry_id
 
 
-def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys) -> int:
-    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py).
+def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys, affinity: bool = True) -> int:
+    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py), with
+    the default affinity key set first (unless `affinity` is False), so its key chooses the shard.
     Returns the shard; the job's events are read with `sharded.shard(<it>)`'s keys."""
+    if affinity:
+        job = with_affinity(job)
     shard = choose_shard(job, sharded.shards)
-    enqueue(client, job, sharded.shard(shard))
+    enqueue(client, job, sharded.shard(shard), affinity=False)
     return shard
 
 

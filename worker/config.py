@@ -60,6 +60,11 @@ class WorkerConfig:
         "the queue's shards, protocol version 2's keys (as many as the clients submit to); unset: one "
         f"stream (version 1) on one Redis, {CLUSTER_SHARDS} shards in cluster mode",
     )
+    affinity: bool = knob(
+        False,
+        "prefix affinity: read this worker's home shards first (rendezvous hashing over the registry's live "
+        "workers) and take other shards' jobs only with room to spare; needs --shards or --cluster",
+    )
     registry_interval_s: float = knob(
         2.0,
         "seconds between this worker's heartbeats in the fleet registry; its record lapses after 3 missed",
@@ -76,6 +81,8 @@ class WorkerConfig:
             raise ValueError("max_attempts must be >= 1")
         if self.shards is not None and self.shards < 1:
             raise ValueError("shards must be >= 1")
+        if self.affinity and self.shard_count is None:
+            raise ValueError("affinity needs a sharded queue: --shards S (or --cluster)")
         if self.registry_interval_s <= 0:
             raise ValueError("registry_interval_s must be > 0")
         if self.max_wait_ms < 0 or self.block_ms < 1:

@@ -211,6 +211,11 @@ def worker(**kw: Any) -> None:
     w.metrics.serve(kw["metrics_port"])
     heartbeat = registry_heartbeat(client, cfg, engine, model, w)
     w.observer.heartbeat = heartbeat
+    if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
+        from worker.fleet.home_watch import use_home_shards
+
+        assert isinstance(w, LanesWorker)  # cfg checked: affinity needs shards
+        use_home_shards(w, client, cfg, heartbeat)
     # Handlers only set a flag; the loop does the rest between steps.
     signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())

@@ -13,6 +13,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from worker import client as single
+from worker.affinity_key import with_affinity
 from worker.cluster.connect import shard_client
 from worker.cluster.shard_keys import ShardedKeys
 from worker.keys import JOB_FIELD, Keys
@@ -51,6 +52,7 @@ class ClusterClient:
         for that many replicas to have it (raises NotReplicated when they did not within wait_ms). Returns
         the shard."""
         replicas = self.replicas if replicas is None else replicas
+        job = with_affinity(job)  # the default key (worker/affinity_key.py) when it has none
         k = choose_shard(job, self.sharded.shards) if shard is None else shard
         pipe = self.node(k).pipeline(transaction=False)  # one connection: WAIT covers this XADD
         pipe.xadd(self.sharded.shard(k).requests, {JOB_FIELD: json.dumps(job)})

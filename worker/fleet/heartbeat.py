@@ -92,6 +92,9 @@ class Heartbeat:
             "waiting": stats.num_waiting,
             "kv_blocks_used": stats.num_kv_blocks_used,
             "kv_blocks_total": stats.num_kv_blocks_total,
+            "prompt_tokens": stats.num_prompt_tokens,
+            "prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits,
         }
         if stepped:
             changes["last_step_ms"] = now_ms()
@@ -105,6 +108,11 @@ class Heartbeat:
             self._rate_base = (now, out_total, in_total)
         with self._lock:
             self.record = self.record.model_copy(update=changes)
+
+    def set_home_shards(self, shards: list[int]) -> None:
+        """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
+        with self._lock:
+            self.record = self.record.model_copy(update={"home_shards": shards})
 
     # ---- the thread -------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -55,6 +55,10 @@ class WorkerRecord(BaseModel):
     tokens_out_per_s: float = 0.0  # output tokens per second
     last_step_ms: int | None = None  # when its engine last stepped (worker's clock); None: never
     draining: bool = False  # stopping: finishing its jobs, taking no new ones
+    prompt_tokens: int = 0  # prompt tokens received since start (engine.stats().num_prompt_tokens)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # of those, found: computed = queries - hits
+    home_shards: list[int] | None = None  # the shards it reads first (prefix affinity); None: no home set
 
 
 class Member(BaseModel):

@@ -88,6 +88,15 @@ class ReadPolicy(ABC):
         """Lane's read asked for `asked` entries and got `got`."""
         self.hungry[lane] = got >= asked
 
+    def idle_cap(self, lane: int) -> int | None:
+        """The most entries an idle worker's blocking read of `lane` may take (None: all the room). An idle
+        worker blocks on every lane in turn, outside the shares, so that no job waits while it is idle."""
+        return None
+
+    def idle_read(self, lane: int, got: int) -> None:  # noqa: B027 (a no-op unless a policy counts reads)
+        """An idle worker's blocking read of `lane` (outside the shares) took `got` entries. Ignored unless
+        the policy counts where jobs came from (intake/home_first.py)."""
+
     def charge(self, lane: int, cost: int) -> None:  # noqa: B027 (a no-op unless a policy counts service)
         """Jobs read from `lane` were given `cost` more tokens. Ignored unless the policy shares service
         (intake/fair_share.py)."""

@@ -171,12 +171,14 @@ class LanesWorker:
                 if k in self._leaving:
                     continue
             try:
-                step = self.workers[k].begin(max_reads=shares[k], wait=wait)
+                step = self.workers[k].begin(max_reads=shares[k], wait=wait, max_waited=policy.idle_cap(k))
             except self.servers.moved_errors as moved:  # while waiting idle
                 self.restart_lane(k, moved)
                 continue
             wait = wait and not self.workers[k].has_work()  # its wait found jobs: the others must not wait
             if step is None:
+                if self.workers[k].arrived:  # an idle wait on this lane found jobs
+                    policy.idle_read(k, len(self.workers[k].arrived))
                 continue
             if self.servers.moved(self.workers[k].client):  # nothing goes to the new server before the
                 self.restart_lane(k, RuntimeError(f"lane {k}'s server moved"))  # lane forgot its jobs

@@ -173,15 +173,18 @@ class Worker:
 
     # A tick in three parts, so that a lanes worker can send every lane's round of a cycle to each Redis
     # node in one write (run/lanes_worker.py): begin, send, step_engine, finish.
-    def begin(self, max_reads: int | None = None, wait: bool = True) -> Step | None:
+    def begin(
+        self, max_reads: int | None = None, wait: bool = True, max_waited: int | None = None
+    ) -> Step | None:
         """Apply signals, then either wait idle for jobs (returns None) or build this step's round. At
-        most `max_reads` new jobs are read in it (default: as many as there is room for). With
-        `wait=False` it never waits: an idle worker builds a round too (reads only, or nothing), for a
-        lanes worker whose other lanes have work (run/lanes_worker.py)."""
+        most `max_reads` new jobs are read in it (default: as many as there is room for), and at most
+        `max_waited` by an idle wait (default: the room). With `wait=False` it never waits: an idle
+        worker builds a round too (reads only, or nothing), for a lanes worker whose other lanes have
+        work (run/lanes_worker.py)."""
         self.aborter.apply_signals()
         busy = self.engine.has_unfinished_requests()
         if wait and not busy and not self.has_work():
-            self._wait_for_jobs()
+            self._wait_for_jobs(max_waited)
             return None
         if self.health.is_full:
             # Hold: no step (its events would pile up in memory), no new reads; after a back-off, send
@@ -335,8 +338,8 @@ class Worker:
             log.info("claimed jobs of a lapsed lease", count=len(arrived))
         self.arrived.extend(arrived)
 
-    def _wait_for_jobs(self) -> None:
-        room = self.room()
+    def _wait_for_jobs(self, most: int | None = None) -> None:
+        room = self.room() if most is None else min(most, self.room())
         if room <= 0 or self.stop.warm.is_set():
             self.stop.cold.wait(0.01)
             return

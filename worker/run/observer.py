@@ -34,6 +34,7 @@ class Observer:
         self.heartbeat = heartbeat  # the registry record (worker/fleet/heartbeat.py), when registered
         self._last_rate = time.monotonic()
         self._tokens_since_rate = 0
+        self._prompt_counts = (0, 0)  # the engine's (received, computed) prompt tokens last reported
 
     def started(self) -> None:
         """The worker holds its consumer name and reads its streams: it may register (once per process,
@@ -85,6 +86,11 @@ class Observer:
         m.tokens.inc(self._tokens_since_rate)
         m.tokens_per_s.set(self._tokens_since_rate / (now - self._last_rate))
         self._tokens_since_rate, self._last_rate = 0, now
+        received, computed = stats.num_prompt_tokens, stats.num_prompt_tokens_computed
+        m.prompt_tokens.inc(max(0, received - self._prompt_counts[0]))
+        m.prompt_tokens_computed.inc(max(0, computed - self._prompt_counts[1]))
+        self._prompt_counts = (received, computed)
+        m.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
 
     def group_info(self, lag: int, pending: int) -> None:
         self.metrics.queue_depth.set(lag)

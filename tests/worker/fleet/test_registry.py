@@ -72,6 +72,7 @@ def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     assert hb.record.running == 3
     assert hb.record.tokens_out_per_s == pytest.approx(50, rel=0.05)
     assert hb.record.tokens_in_per_s == pytest.approx(200, rel=0.05)
+    assert (hb.record.prefix_cache_queries, hb.record.prefix_cache_hits) == (500, 100)
     hb.record = hb.record.model_copy(update={"last_step_ms": hb.record.last_step_ms - 10_000})
 
     class Pipe:  # beat() with the writes discarded: only the record's rates are looked at here
