@@ -50,6 +50,12 @@ class Keys:
         """A live worker's registry record (JSON), expiring one TTL after its last heartbeat."""
         return f"{self.prefix}:worker:{consumer}"
 
+    @property
+    def usage(self) -> str:
+        """Hash of per-tenant, per-model usage counters (worker/fleet/accounting.py), added to by the
+        terminal script."""
+        return f"{self.prefix}:usage"
+
     def owner(self, job_id: str) -> str:
         """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
         return f"{self.prefix}:owner:{job_id}"

@@ -37,6 +37,7 @@ from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff, with_retry
+from worker.fleet.accounting import split_step
 from worker.intake.read_policy import OneLane, ReadPolicy
 from worker.intake.stream_reader import Reader
 from worker.intake.stream_trim import Trimmer
@@ -191,10 +192,17 @@ class Worker:
         return Step(self._build_round(max_reads), busy, self._reading)
 
     def step_engine(self, step: Step) -> Stepped:
+        began = time.perf_counter()
         deltas = self.engine.step() if step.busy else []
+        at = time.perf_counter()
+        if step.busy:  # each job's share of the step's wall time (worker/fleet/accounting.py)
+            self.observer.engine_stepped(at - began)
+            for job_id, seconds in split_step(at - began, self.engine.step_tokens()).items():
+                if (job := self.inflight.get(job_id)) is not None:
+                    job.engine_s += seconds
         if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
             fault_injection.kill_if_armed(deltas)
-        return Stepped(deltas, time.perf_counter(), time.time())
+        return Stepped(deltas, at, time.time())
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
         """The round's replies (from `future`: None when nothing was sent) to the jobs and parts that sent
@@ -382,6 +390,7 @@ class Worker:
             del self.inflight[job.job_id]
             self.path.finish(job)
             self.observer.finished(job, now_ms)
+            self.observer.accounted(job, self.cfg.group)
         self.publisher.queue(plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------
