@@ -56,6 +56,11 @@ class Keys:
         terminal script."""
         return f"{self.prefix}:usage"
 
+    @property
+    def batches(self) -> str:
+        """Hash of batch id -> progress JSON (worker/fleet/snapshot.py BatchView), kept by batch drivers."""
+        return f"{self.prefix}:batches"
+
     def owner(self, job_id: str) -> str:
         """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
         return f"{self.prefix}:owner:{job_id}"
