@@ -1,0 +1,93 @@
+"""`conveyor top --once --json` (worker/fleet/read_fleet.py): its numbers equal what Redis holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from worker.fleet.heartbeat import Heartbeat
+from worker.fleet.snapshot import DRAIN_CAP_S, ModelView, drain_seconds, quantile
+from worker.keys import Keys
+
+K = Keys()
+
+
+def top_json(url: str, *extra: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "top", "--redis-url", url, "--once", "--json", *extra],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_quantiles_are_nearest_rank_and_drain_time_follows_the_rate():
+    assert quantile([], 0.5) is None
+    assert quantile([5, 1, 3, 2, 4], 0.5) == 3 and quantile(list(range(1, 101)), 0.99) == 99
+    m = ModelView(model="m", group="m", streams=[], backlog=10, backlog_tokens=1000, tokens_out_per_s=50)
+    assert drain_seconds(m) == 20  # 1000 tokens at 50 tok/s
+    assert drain_seconds(m.model_copy(update={"tokens_out_per_s": 0})) == DRAIN_CAP_S  # nobody serving
+    assert drain_seconds(m.model_copy(update={"backlog_tokens": None, "jobs_per_s": 2})) == 5
+    assert drain_seconds(m.model_copy(update={"backlog": 0})) == 0
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_once_json_equals_what_redis_holds(redis_server, r):
+    # Model "alpha" on the default stream, model "beta" on a stream of its own that only a worker's
+    # registry record names (as per-model streams are found).
+    beta_stream = "conveyor:requests:beta"
+    for k in range(7):
+        r.xadd(K.requests, {"job": json.dumps({"id": f"a{k}", "prompt": "x"})})
+    for k in range(4):
+        r.xadd(beta_stream, {"job": json.dumps({"id": f"b{k}", "prompt": "x"})})
+    r.xgroup_create(K.requests, "alpha", id="0")
+    r.xgroup_create(beta_stream, "beta", id="0")
+    r.xreadgroup("alpha", "c1", {K.requests: ">"}, count=3)
+    r.xreadgroup("beta", "c2", {beta_stream: ">"}, count=1)
+    r.xack(K.requests, "alpha", r.xpending_range(K.requests, "alpha", "-", "+", 1)[0]["message_id"])
+    now_ms = int(time.time() * 1000)
+    r.xadd(K.dead, {"code": "old"}, id=f"{now_ms - 2 * 3_600_000}-0")  # over an hour old: not counted
+    r.xadd(K.dead, {"code": "invalid_json", "group": "alpha"})
+    r.xadd(K.dead, {"code": "invalid_json", "group": "beta"})
+    r.xadd(K.dead, {"code": "invalid_json", "group": "beta"})
+    hb = Heartbeat(
+        r,
+        K,
+        consumer="wb",
+        model="beta-served",
+        group="beta",
+        streams=[beta_stream],
+        max_model_len=64,
+        capacity=4,
+        interval_s=5,
+    )
+    hb.start()
+    try:
+        snap = top_json(redis_server.url)
+    finally:
+        hb.stop()
+    models = {m["group"]: m for m in snap["models"]}
+    assert sorted(models) == ["alpha", "beta"]
+    for group, stream in (("alpha", K.requests), ("beta", beta_stream)):
+        info = next(g for g in r.xinfo_groups(stream) if g["name"].decode() == group)
+        assert models[group]["backlog"] == info["lag"]
+        assert models[group]["pending"] == info["pending"]
+        assert models[group]["streams"] == [stream]
+    assert (models["alpha"]["backlog"], models["alpha"]["pending"]) == (4, 2)  # sanity: 7 - 3 read, 1 acked
+    assert models["beta"]["model"] == "beta-served" and models["beta"]["workers"] == 1
+    in_hour = len(r.xrange(K.dead, min=now_ms - 3_600_000))
+    assert snap["dead_last_hour"] == in_hour == 3
+    assert (models["alpha"]["dead_last_hour"], models["beta"]["dead_last_hour"]) == (1, 2)
+    oldest = int(
+        r.xrange(K.requests, min="(" + r.xinfo_groups(K.requests)[0]["last-delivered-id"].decode(), count=1)[
+            0
+        ][0].split(b"-")[0]
+    )
+    assert models["alpha"]["oldest_wait_s"] == pytest.approx((snap["taken_ms"] - oldest) / 1000, abs=0.01)
+    assert [w["consumer"] for w in snap["workers"]] == ["wb"] and not snap["workers"][0]["lost"]
