@@ -13,6 +13,7 @@ import redis
 
 from worker.cluster.shard_keys import ShardedKeys, shard_prefix
 from worker.fleet import accounting, registry
+from worker.fleet.batch_board import STALE_MS
 from worker.fleet.snapshot import (
     HOUR_MS,
     BatchView,
@@ -84,7 +85,7 @@ def take(client, prefix: str = "conveyor", streams: tuple[str, ...] = ()) -> Fle
         models=sorted(models.values(), key=lambda m: m.model),
         workers=[_worker(m, now_ms) for m in members],
         tenants=tenants,
-        batches=_batches(client, prefixes),
+        batches=_batches(client, prefixes, now_ms),
         dead_last_hour=dead_total,
         ttft_p50_s=None if p50 is None else p50 / 1000,
         ttft_p99_s=None if p99 is None else p99 / 1000,
@@ -148,16 +149,18 @@ def _worker(member: registry.Member, now_ms: int) -> WorkerView:
     )
 
 
-def _batches(client, prefixes: list[str]) -> list[BatchView]:
+def _batches(client, prefixes: list[str], now_ms: int) -> list[BatchView]:
     """Batches in progress: `<prefix>:batches`, a hash of batch id -> BatchView JSON kept by the batch
-    driver. Small and replaceable: the batch driver owns what it writes there."""
+    driver (worker/fleet/batch_board.py); fields not updated for STALE_MS are a dead driver's."""
     out = []
     for p in prefixes:
         for raw in client.hvals(Keys(prefix=p).batches):
             try:
-                out.append(BatchView.model_validate_json(raw))
+                view = BatchView.model_validate_json(raw)
             except ValueError:
                 continue
+            if now_ms - view.updated_ms <= STALE_MS:
+                out.append(view)
     return sorted(out, key=lambda b: b.id)
 
 

@@ -69,6 +69,7 @@ class BatchView(BaseModel):
     done: int = 0
     failed: int = 0
     model: str | None = None
+    updated_ms: int = 0  # when its driver last wrote it (the driver's clock)
 
 
 class FleetSnapshot(BaseModel):

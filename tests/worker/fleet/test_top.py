@@ -91,3 +91,21 @@ def test_once_json_equals_what_redis_holds(redis_server, r):
     )
     assert models["alpha"]["oldest_wait_s"] == pytest.approx((snap["taken_ms"] - oldest) / 1000, abs=0.01)
     assert [w["consumer"] for w in snap["workers"]] == ["wb"] and not snap["workers"][0]["lost"]
+
+
+@pytest.mark.redis
+def test_batches_in_progress_are_shown_until_closed_and_a_dead_drivers_goes_stale(redis_server, r):
+    from worker.fleet.batch_board import STALE_MS, BatchBoard
+    from worker.fleet.read_fleet import take
+
+    board = BatchBoard(r, K.batches, "in.jsonl", total=10)
+    board.update(3, 1, force=True)
+    board.update(9, 1)  # within a second of the last write: not written
+    [shown] = take(r).batches
+    assert (shown.id, shown.total, shown.done, shown.failed) == (board.view.id, 10, 3, 1)
+    assert shown.id.endswith(":in.jsonl")
+    dead = board.view.model_copy(update={"id": "gone", "updated_ms": int(time.time() * 1000) - STALE_MS - 1})
+    r.hset(K.batches, "gone", dead.model_dump_json())
+    assert [b.id for b in take(r).batches] == [board.view.id]
+    board.close()
+    assert take(r).batches == []
