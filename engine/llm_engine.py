@@ -439,13 +439,15 @@ class LLMEngine:
 
     def step_tokens(self) -> dict[str, int]:
         """Tokens whose KV the last `step()` computed, per request id (its samples together): prefill
-        chunks and decoded tokens alike. Worked out on demand from the step's schedule, so a step pays
-        nothing for it."""
+        chunks and decoded tokens alike. Worked out when asked, from the step's schedule (one pass over
+        its sequences), so the step itself does no more work for it."""
         out: dict[str, int] = {}
         if self._last_scheduled is None:
             return out
         for seq in self._last_scheduled.sequences:
-            request_id = seq.request_id.split(_SAMPLE_SEP, 1)[0]
+            request_id = seq.request_id
+            if _SAMPLE_SEP in request_id:  # sample k of an n > 1 request: counted under the request
+                request_id = request_id.split(_SAMPLE_SEP, 1)[0]
             out[request_id] = out.get(request_id, 0) + len(seq.token_ids)
         return out
 
