@@ -66,6 +66,7 @@ class ShardedWorker:
             shard_cfg = replace(cfg, keys=lane.keys, cluster=True, block_ms=per_shard_block)
             client = shard_client(cluster, lane.stream, fence_moves=True)
             self.workers.append(Worker(self.shared.views[k], client, shard_cfg, self.observer, self.stop))
+            self.workers[-1].accounts_steps = False  # the shared step is timed once, in tick()
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
         self._next = 0  # the shard ticked first in the next cycle
@@ -137,6 +138,11 @@ class ShardedWorker:
             [f for (_, step), f in zip(begun, futures, strict=True) if f is not None and step.rnd.before_step]
         )
         stepped = [self.workers[k].step_engine(step) for k, step in begun]
+        if self.shared.step_s:  # the step's wall time shared out over every shard's jobs in it
+            self.observer.engine_stepped(self.shared.step_s)
+            tokens = self.shared.engine.step_tokens()
+            for worker in self.workers:
+                worker.credit(self.shared.step_s, tokens)
         for (k, step), future, done in zip(begun, futures, stepped, strict=True):
             try:
                 self.workers[k].finish(step, future, done)

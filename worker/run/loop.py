@@ -88,6 +88,8 @@ class Worker:
     ) -> None:
         self.engine, self.client, self.cfg = engine, no_resends(client), cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
+        # Time its engine steps for accounting; off under a ShardedWorker, which times the shared step.
+        self.accounts_steps = True
         # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
@@ -195,14 +197,19 @@ class Worker:
         began = time.perf_counter()
         deltas = self.engine.step() if step.busy else []
         at = time.perf_counter()
-        if step.busy:  # each job's share of the step's wall time (worker/fleet/accounting.py)
+        if step.busy and self.accounts_steps:
             self.observer.engine_stepped(at - began)
-            for job_id, seconds in split_step(at - began, self.engine.step_tokens()).items():
-                if (job := self.inflight.get(job_id)) is not None:
-                    job.engine_s += seconds
+            self.credit(at - began, self.engine.step_tokens())
         if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
             fault_injection.kill_if_armed(deltas)
         return Stepped(deltas, at, time.time())
+
+    def credit(self, wall_s: float, tokens: dict[str, int]) -> None:
+        """Each of our jobs' share of a step's wall time, by the tokens it computed among all the step's
+        (worker/fleet/accounting.py)."""
+        for job_id, seconds in split_step(wall_s, tokens).items():
+            if (job := self.inflight.get(job_id)) is not None:
+                job.engine_s += seconds
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
         """The round's replies (from `future`: None when nothing was sent) to the jobs and parts that sent
