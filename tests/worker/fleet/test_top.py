@@ -109,3 +109,32 @@ def test_batches_in_progress_are_shown_until_closed_and_a_dead_drivers_goes_stal
     assert [b.id for b in take(r).batches] == [board.view.id]
     board.close()
     assert take(r).batches == []
+
+
+def test_fleet_metrics_are_the_snapshots_numbers():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from worker.fleet.accounting import TenantUsage
+    from worker.fleet.fleet_metrics import FleetCollector
+    from worker.fleet.snapshot import FleetSnapshot
+
+    model = ModelView(model="m", group="g", streams=[], backlog=7, backlog_tokens=700, drain_s=3.5, pending=2)
+    usage = TenantUsage(
+        tenant="acme", model="m", jobs=2, prompt_tokens=10, completion_tokens=5, engine_seconds=1.25
+    )
+    snap = FleetSnapshot(
+        taken_ms=0, models=[model], workers=[], tenants=[usage], batches=[], dead_last_hour=0
+    )
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(lambda: snap))
+    text = generate_latest(registry).decode()
+    for line in (
+        'conveyor_backlog_jobs{model="m"} 7.0',
+        'conveyor_backlog_tokens{model="m"} 700.0',
+        'conveyor_backlog_drain_seconds{model="m"} 3.5',
+        'conveyor_backlog_oldest_wait_seconds{model="m"} 0.0',
+        'conveyor_fleet_pending_jobs{model="m"} 2.0',
+        'conveyor_usage_completion_tokens_total{model="m",tenant="acme"} 5.0',
+        'conveyor_usage_engine_seconds_total{model="m",tenant="acme"} 1.25',
+    ):
+        assert line in text.splitlines(), line
