@@ -25,8 +25,10 @@ def _fleet_client(kw: dict, cluster: bool):
 @opt("--interval", type=click.FloatRange(min=0.1), default=1.0, help="seconds between refreshes")
 def top(cluster: bool, once: bool, as_json: bool, interval: float, **kw: Any) -> None:
     """A live view of the fleet: backlog per model, workers, tenants, batches."""
+    import redis
     from rich.console import Console
     from rich.live import Live
+    from rich.text import Text
 
     from worker.fleet.read_fleet import take
     from worker.fleet.top_view import render
@@ -40,11 +42,17 @@ def top(cluster: bool, once: bool, as_json: bool, interval: float, **kw: Any) ->
         else:
             Console().print(render(snap))
         return
-    with Live(render(take(client, keys.prefix, extra)), auto_refresh=False, screen=False) as live:
+    def frame():
+        try:
+            return render(take(client, keys.prefix, extra))
+        except redis.RedisError as exc:  # Redis away: say so and keep trying
+            return Text(f"cannot read the fleet from Redis: {exc}", style="bold red")
+
+    with Live(frame(), auto_refresh=False, screen=False) as live:
         try:
             while True:
                 time.sleep(interval)
-                live.update(render(take(client, keys.prefix, extra)), refresh=True)
+                live.update(frame(), refresh=True)
         except KeyboardInterrupt:
             pass
 
