@@ -42,6 +42,7 @@ def top(cluster: bool, once: bool, as_json: bool, interval: float, **kw: Any) ->
         else:
             Console().print(render(snap))
         return
+
     def frame():
         try:
             return render(take(client, keys.prefix, extra))
