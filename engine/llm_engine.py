@@ -22,6 +22,7 @@ from engine.config import EngineConfig, SchedulerConfig, check_backend_block_siz
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerOutput
 from engine.detokenizer import Decoder, TextStream
 from engine.device import DeviceBinding, resolve_device
 from engine.distributed.executor import Executor
@@ -113,6 +114,7 @@ class LLMEngine:
         # Finishing deltas produced outside step() (aborts, resumed requests that were already done),
         # handed out by the next step().
         self._pending: list[StepDelta] = []
+        self._last_scheduled: SchedulerOutput | None = None  # the last step's work (step_tokens)
         self._ids = itertools.count()
         self._num_generated_tokens = 0
         self._num_prompt_tokens = 0  # of the requests accepted by add_request (once per request, any n)
@@ -233,6 +235,7 @@ class LLMEngine:
         deltas, self._pending = self._pending, []
         deltas += self._fail_structured(self.structured.poll(self.scheduler))
         sched_out = self.scheduler.schedule()
+        self._last_scheduled = sched_out
         if sched_out.is_empty:
             if self.structured.has_compiling():
                 self.structured.wait(0.005)  # only grammars to wait for: do not spin
@@ -411,6 +414,20 @@ class LLMEngine:
         return [results[i] for i in ids]
 
     # ------------------------------------------------------------------ introspection
+
+    def step_tokens(self) -> dict[str, int]:
+        """Tokens whose KV the last `step()` computed, per request id (its samples together): prefill
+        chunks and decoded tokens alike. Worked out when asked, from the step's schedule (one pass over
+        its sequences), so the step itself does no more work for it."""
+        out: dict[str, int] = {}
+        if self._last_scheduled is None:
+            return out
+        for seq in self._last_scheduled.sequences:
+            request_id = seq.request_id
+            if _SAMPLE_SEP in request_id:  # sample k of an n > 1 request: counted under the request
+                request_id = request_id.split(_SAMPLE_SEP, 1)[0]
+            out[request_id] = out.get(request_id, 0) + len(seq.token_ids)
+        return out
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()

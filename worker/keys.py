@@ -63,6 +63,17 @@ class Keys:
         """A live worker's registry record (JSON), expiring one TTL after its last heartbeat."""
         return f"{self.prefix}:worker:{consumer}"
 
+    @property
+    def usage(self) -> str:
+        """Hash of per-tenant, per-model usage counters (worker/fleet/accounting.py), added to by the
+        terminal script."""
+        return f"{self.prefix}:usage"
+
+    @property
+    def batches(self) -> str:
+        """Hash of batch id -> progress JSON (worker/fleet/snapshot.py BatchView), kept by batch drivers."""
+        return f"{self.prefix}:batches"
+
     def owner(self, job_id: str) -> str:
         """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
         return f"{self.prefix}:owner:{job_id}"

@@ -11,6 +11,7 @@ re-enqueues the same ids: the workers deduplicate them and the runner reads the 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from worker.batch.openai_output import from_event, line_error
 from worker.batch.progress import Progress
 from worker.batch.resume import DUPLICATE, read_answered
 from worker.client import NoAnswer
+from worker.fleet.batch_board import BatchBoard
 from worker.job_queue import Cursor, JobQueue, read_outputs
 from worker.keys import EVENT_FIELD
 
@@ -65,6 +67,12 @@ class BatchRunner:
         total = sum(1 for line in _lines(input_path))
         skipped = sum(1 for line in _lines(input_path) if parse_custom_id(line) in answered.custom_ids)
         bar = Progress(total, skipped, self.progress)
+        # Seen by `conveyor top` and the dashboard (worker/fleet/batch_board.py).
+        board = BatchBoard(
+            self.queue.node(0), self.queue.keys(0).batches, os.path.basename(input_path), total
+        )
+        board.update(skipped, 0, force=True)
+        self._board, self._skipped = board, skipped
         self._last_event = time.monotonic()
         inflight: dict[str, _InFlight] = {}
         seen: set[str] = set()
@@ -100,6 +108,7 @@ class BatchRunner:
             while inflight:
                 self._collect(inflight)
         bar.close()
+        board.close()
         return BatchSummary(total, skipped, bar.done, bar.failed, bar.tokens)
 
     def _collect(self, inflight: dict[str, _InFlight]) -> None:
@@ -140,6 +149,7 @@ class BatchRunner:
             self._errors.write(line)
             self._errors.flush()
         self._bar.finished(ok, tokens)
+        self._board.update(self._skipped + self._bar.done, self._bar.failed)
 
 
 def _lines(path: str) -> Iterator[str]:

@@ -468,5 +468,8 @@ def batch_cmd(
     )
 
 
+# Registered last: they use the options above.
+from worker.cli import fleet_commands  # noqa: E402,F401  (top, dashboard)
+
 if __name__ == "__main__":
     main()

@@ -100,6 +100,7 @@ class LanesWorker:
         for k, (lane, client) in enumerate(zip(lanes, clients, strict=True)):
             lane_cfg = replace(cfg, keys=lane.keys, group=lane.group, block_ms=per_lane_block)
             self.workers.append(Worker(self.shared.views[k], client, lane_cfg, self.observer, self.stop))
+            self.workers[-1].accounts_steps = False  # the shared step is timed once, in tick()
         _share_consumer_leases(self.workers)
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
@@ -190,6 +191,11 @@ class LanesWorker:
             [f for (_, step), f in zip(begun, futures, strict=True) if f is not None and step.rnd.before_step]
         )
         stepped = [self.workers[k].step_engine(step) for k, step in begun]
+        if self.shared.step_s:  # the step's wall time shared out over every lane's jobs in it
+            self.observer.engine_stepped(self.shared.step_s)
+            tokens = self.shared.engine.step_tokens()
+            for worker in self.workers:
+                worker.credit(self.shared.step_s, tokens)
         for (k, step), future, done in zip(begun, futures, stepped, strict=True):
             try:
                 self.workers[k].finish(step, future, done)

@@ -37,6 +37,7 @@ from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff, with_retry
+from worker.fleet.accounting import split_step
 from worker.intake.read_policy import OneLane, ReadPolicy
 from worker.intake.stream_reader import Reader
 from worker.intake.stream_trim import Trimmer
@@ -87,6 +88,8 @@ class Worker:
     ) -> None:
         self.engine, self.client, self.cfg = engine, no_resends(client), cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
+        # Time its engine steps for accounting; off under a lanes worker, which times the shared step.
+        self.accounts_steps = True
         # Shared by the lanes' workers of a lanes worker (run/lanes_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
@@ -194,10 +197,22 @@ class Worker:
         return Step(self._build_round(max_reads), busy, self._reading)
 
     def step_engine(self, step: Step) -> Stepped:
+        began = time.perf_counter()
         deltas = self.engine.step() if step.busy else []
+        at = time.perf_counter()
+        if step.busy and self.accounts_steps:
+            self.observer.engine_stepped(at - began)
+            self.credit(at - began, self.engine.step_tokens())
         if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
             fault_injection.kill_if_armed(deltas)
-        return Stepped(deltas, time.perf_counter(), time.time())
+        return Stepped(deltas, at, time.time())
+
+    def credit(self, wall_s: float, tokens: dict[str, int]) -> None:
+        """Each of our jobs' share of a step's wall time, by the tokens it computed among all the step's
+        (worker/fleet/accounting.py)."""
+        for job_id, seconds in split_step(wall_s, tokens).items():
+            if (job := self.inflight.get(job_id)) is not None:
+                job.engine_s += seconds
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
         """The round's replies (from `future`: None when nothing was sent) to the jobs and parts that sent
@@ -385,6 +400,7 @@ class Worker:
             del self.inflight[job.job_id]
             self.path.finish(job)
             self.observer.finished(job, now_ms)
+            self.observer.accounted(job, self.cfg.group)
         self.publisher.queue(plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------

@@ -77,6 +77,20 @@ class Metrics:
         )
         self._jobs = Counter("conveyor_jobs", "Jobs by outcome", [*names, "outcome"], registry=self.registry)
         self._label_values = values
+        # Per-tenant accounting (worker/fleet/accounting.py): this worker's share; Redis holds the fleet's.
+        by_tenant = [*names, "tenant", "model"]
+        self._tenant = {
+            counter: Counter(f"conveyor_tenant_{counter}", doc, by_tenant, registry=self.registry)
+            for counter, doc in (
+                ("jobs", "Jobs finished, per tenant and model"),
+                ("prompt_tokens", "Prompt tokens of finished jobs, per tenant and model"),
+                ("completion_tokens", "Completion tokens of finished jobs, per tenant and model"),
+                ("engine_seconds", "Engine step time spent on finished jobs, per tenant and model"),
+            )
+        }
+        self.step_seconds = Counter(
+            "conveyor_engine_step_seconds", "Wall time of engine steps", names, registry=self.registry
+        ).labels(*values)
 
     def job(self, outcome: str) -> None:
         self._jobs.labels(*self._label_values, outcome).inc()
@@ -85,6 +99,15 @@ class Metrics:
         """`source`: "home" (a home shard of this worker) or "stolen" (another worker's home shard)."""
         if count:
             self._jobs_read.labels(*self._label_values, source).inc(count)
+
+    def usage(self, tenant: str, model: str, prompt: int, completion: int, engine_s: float) -> None:
+        for counter, amount in (
+            ("jobs", 1),
+            ("prompt_tokens", prompt),
+            ("completion_tokens", completion),
+            ("engine_seconds", engine_s),
+        ):
+            self._tenant[counter].labels(*self._label_values, tenant, model).inc(amount)
 
     def serve(self, port: int) -> None:
         if port > 0:

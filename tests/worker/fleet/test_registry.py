@@ -88,6 +88,21 @@ def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     assert hb.record.tokens_out_per_s == 0 and hb.record.tokens_in_per_s == 0
 
 
+def test_jobs_per_second_and_the_latest_ttfts_ride_in_the_record():
+    hb = heartbeat(None)
+    hb.update(stats(), stepped=True)
+    hb._rate_base = (hb._rate_base[0] - 2.0, 0, 0)
+    for k in range(70):
+        hb.first_token(100.4 + k)
+    for _ in range(3):
+        hb.job_finished()
+    hb.update(stats(), stepped=True)
+    assert hb.record.jobs_per_s == pytest.approx(1.5, rel=0.05)
+    assert hb.record.ttft_ms_recent == [100 + k for k in range(6, 70)]  # the newest 64, rounded
+    round_trip = registry.WorkerRecord.model_validate_json(hb.record.model_dump_json())
+    assert round_trip.ttft_ms_recent == hb.record.ttft_ms_recent
+
+
 @pytest.mark.redis
 def test_a_live_record_lapses_into_lost_and_a_clean_stop_leaves(redis_server, r):
     a, b = heartbeat(r, "a"), heartbeat(r, "b")
