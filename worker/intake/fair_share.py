@@ -18,7 +18,25 @@ smaller, so its entries are read first once it has any.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from worker.intake.read_policy import ReadPolicy
+
+if TYPE_CHECKING:
+    from engine.outputs import StepDelta
+
+
+def served_tokens(deltas: Iterable[StepDelta]) -> int:
+    """The service a step gave, what a lane is charged: its completion tokens, plus each job's prompt
+    tokens (the whole prompt, prefix-cache hits included) with its first token. A resumed job's prompt is
+    not charged again; a job with n samples pays its prompt once."""
+    total = 0
+    for d in deltas:
+        total += len(d.new_token_ids)
+        if d.first_index == 0 and d.sample_index == 0 and d.new_token_ids:
+            total += d.num_prompt_tokens
+    return total
 
 
 class FairShare(ReadPolicy):

@@ -47,4 +47,4 @@ def split_stream(keys: Keys, group: str, names: list[str]) -> list[Lane]:
     job id means one job whichever lane it was queued in."""
     if len(set(names)) != len(names) or not all(names):
         raise ValueError(f"lane names must be distinct and non-empty: {names}")
-    return [Lane(replace(keys, requests_stream=f"{keys.requests}:{name}"), group) for name in names]
+    return [Lane(replace(keys, requests_stream=keys.lane(name)), group) for name in names]
