@@ -239,6 +239,8 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
 @click.argument("prompt")
 @redis_options
 @opt("--id", "job_id", default=None, help="job id (default: random)")
+@opt("--priority", type=int, default=None, help="the job's priority (with priority lanes: its lane)")
+@opt("--tenant", default=None, help="who the job is for (with tenant lanes: its lane)")
 @opt("--max-tokens", type=int, default=64)
 @opt("--temperature", type=float, default=0.0)
 @opt("--seed", type=int, default=None)
@@ -246,7 +248,19 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
 @opt("--timeout", type=float, default=300.0)
 @cluster_client_options
 def submit(
-    prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, cluster, shards, replicas, **kw
+    prompt: str,
+    job_id,
+    priority,
+    tenant,
+    max_tokens,
+    temperature,
+    seed,
+    chat,
+    timeout,
+    cluster,
+    shards,
+    replicas,
+    **kw,
 ) -> None:
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
@@ -260,8 +274,9 @@ def submit(
     url = kw["redis_url"]
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
-    if seed is not None:
-        job["seed"] = seed
+    for name, value in (("seed", seed), ("priority", priority), ("tenant", tenant)):
+        if value is not None:
+            job[name] = value
     with one_line_errors(url):
         queue = _queue(kw, keys, cluster, shards, replicas)
         shard = queue.submit(job)
