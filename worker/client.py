@@ -22,9 +22,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from worker.cluster.shard_keys import ShardedKeys
 from worker.connection import Backoff
 from worker.intake.lane_layout import LaneLayout, read_layout
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
+from worker.shard_choice import choose_shard
 
 _DEFAULT_BLOCK_MS = 5000
 _UNSET = object()
@@ -57,6 +59,14 @@ def lane_layout(client: redis.Redis, keys: Keys) -> LaneLayout | None:
         layout = read_layout(client, keys)
         known[keys.lane_layout] = (time.monotonic(), layout)
     return layout
+
+
+def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys) -> int:
+    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py).
+    Returns the shard; the job's events are read with `sharded.shard(<it>)`'s keys."""
+    shard = choose_shard(job, sharded.shards)  # (no lanes with shards: the shard's own stream)
+    client.xadd(sharded.shard(shard).requests, {JOB_FIELD: json.dumps(job)})
+    return shard
 
 
 class NoAnswer(TimeoutError):

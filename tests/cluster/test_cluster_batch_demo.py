@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from tests.cluster.conftest import sharded_worker
 from tests.helpers.worker_fakes import FakeEngine
 from worker.cli.main import main
-from worker.cluster.client import shard_for
 from worker.cluster.connect import connect_cluster
+from worker.shard_choice import choose_shard
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -57,7 +57,9 @@ def test_batch_file_through_two_shards_answers_each_custom_id_once(cluster, clie
 def test_demo_on_the_cluster(cluster, client, monkeypatch, tmp_path):
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
     jobs, shards = 3, 4
-    assert len({shard_for(f"demo-{k}", shards) for k in range(jobs)}) > 1  # the demo's jobs span shards
+    assert (
+        len({choose_shard({"id": f"demo-{k}"}, shards) for k in range(jobs)}) > 1
+    )  # the demo's jobs span shards
     args = ["demo", "--cluster", "--shards", str(shards), "--redis-url", cluster.url]
     run = CliRunner().invoke(main, [*args, "--jobs", str(jobs), "--max-tokens", "6", "--replicas", "1"])
     assert run.exit_code == 0, run.output

@@ -1,4 +1,4 @@
-"""`conveyor` command line: worker, submit, demo, make-tiny-model, plan.
+"""`conveyor` command line: worker, serve, submit, demo, make-tiny-model, plan, batch.
 
 Every option can also come from the environment: CONVEYOR_<OPTION> (e.g. CONVEYOR_REDIS_URL,
 CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>. The worker's engine and worker options are
@@ -16,7 +16,7 @@ from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
-from worker.config import WorkerConfig
+from worker.config import CLUSTER_SHARDS, WorkerConfig
 from worker.intake.limits import Limits
 from worker.keys import Keys
 
@@ -40,7 +40,8 @@ def _redis_url_option(ctx, param, value: str) -> str:
         raise click.BadParameter(str(exc)) from None
 
 
-def redis_options(f):
+def redis_connection_options(f):
+    """--redis-url, its socket timeout and the TLS options: every command that talks to Redis."""
     for decorator in reversed(
         [
             opt(
@@ -59,11 +60,15 @@ def redis_options(f):
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
             opt("--redis-keyfile", default=None, help="TLS: client key"),
             opt("--redis-cert-reqs", type=click.Choice(["required", "optional", "none"]), default=None),
-            config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS),
         ]
     ):
         f = decorator(f)
     return f
+
+
+def redis_options(f):
+    """The connection options and the key names (--prefix, --stream)."""
+    return redis_connection_options(config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS)(f))
 
 
 def _client(kw: dict, cluster: bool = False):
@@ -94,7 +99,13 @@ def cluster_client_options(f):
             opt(
                 "--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)"
             ),
-            opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards"),
+            opt(
+                "--shards",
+                type=click.IntRange(min=1),
+                default=None,
+                help="the workers' --shards (protocol version 2); default: one stream on one Redis, "
+                f"{CLUSTER_SHARDS} in cluster mode",
+            ),
             opt(
                 "--replicas",
                 type=int,
@@ -107,16 +118,20 @@ def cluster_client_options(f):
     return f
 
 
-def _queue(kw: dict, keys: Keys, cluster: bool, shards: int, replicas: int):
-    """Where jobs go (worker/job_queue.py): --redis-url's one Redis, or in cluster mode its shards."""
-    from worker.job_queue import SingleQueue
+def _queue(kw: dict, keys: Keys, cluster: bool, shards: int | None, replicas: int):
+    """Where jobs go (worker/job_queue.py): --redis-url's one Redis (its one stream, or with --shards its
+    shards), or in cluster mode the cluster's shards."""
+    from worker.cluster.shard_keys import ShardedKeys
+    from worker.job_queue import ShardedQueue, SingleQueue
 
     if not cluster:
-        return SingleQueue(_client(kw), keys)
+        if shards is None:
+            return SingleQueue(_client(kw), keys)
+        return ShardedQueue(_client(kw), ShardedKeys(keys.prefix, shards))
     from worker.cluster.client import ClusterClient
-    from worker.cluster.shard_keys import ShardedKeys
 
-    return ClusterClient(_client(kw, cluster=True), ShardedKeys(keys.prefix, shards), replicas=replicas)
+    sharded = ShardedKeys(keys.prefix, shards or CLUSTER_SHARDS)
+    return ClusterClient(_client(kw, cluster=True), sharded, replicas=replicas)
 
 
 @click.group(context_settings={"auto_envvar_prefix": "CONVEYOR", "show_default": True})
@@ -148,8 +163,10 @@ def worker(**kw: Any) -> None:
     from worker.cli import logs
     from worker.cli.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
     from worker.cli.tiny_model import resolve_model
+    from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
     from worker.run.consumer_lease import ConsumerNameTaken
+    from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
     from worker.run.loop import Worker
 
     logs.configure(kw.pop("log_level"))
@@ -162,6 +179,8 @@ def worker(**kw: Any) -> None:
         wait_reachable(client, url)
         if not kw["cluster"]:  # (a cluster's nodes are checked by each shard's first round)
             keys = Keys(**pop_config_kwargs(Keys, dict(kw)))
+            if kw["shards"] is not None:  # protocol version 2 on one Redis: the shards' keys
+                keys = ShardedKeys(keys.prefix, kw["shards"]).shard(0)
             check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
@@ -180,10 +199,13 @@ def worker(**kw: Any) -> None:
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
-    if cfg.cluster:  # one Worker per shard over this engine
+    w: Worker | LanesWorker
+    if cfg.cluster:  # a lane per shard over this engine, each on its shard's master
         from worker.cluster.sharded_worker import ShardedWorker
 
-        w: Worker | ShardedWorker = ShardedWorker(engine, client, cfg)
+        w = ShardedWorker(engine, client, cfg)
+    elif cfg.shard_count is not None:  # a lane per shard, all on this Redis
+        w = shards_on_one_redis(engine, client, cfg)
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
@@ -213,12 +235,8 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     from worker.fleet.heartbeat import Heartbeat
     from worker.keys import group_name
 
-    if cfg.cluster:
-        from worker.cluster.shard_keys import ShardedKeys
-
-        streams = [k.requests for k in ShardedKeys(cfg.keys.prefix, cfg.shards).all()]
-    else:
-        streams = [cfg.keys.requests]
+    # A lanes worker (shards, cluster) runs a Worker per lane: each reads its lane's stream.
+    streams = [lane.cfg.keys.requests for lane in getattr(w, "workers", [w])]
     heartbeat = Heartbeat(
         client,
         cfg.keys,
@@ -233,6 +251,45 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     )
     heartbeat.update(engine.stats(), stepped=False)  # its KV pool is known before the first step
     return heartbeat
+
+
+@main.command()
+@redis_connection_options
+@opt("--prefix", default="conveyor", help="key prefix (the workers' --prefix)")
+@opt("--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)")
+@opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards")
+@opt("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+@opt("--port", type=int, default=8000)
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    envvar="CONVEYOR_API_KEYS",
+    help="KEY (tenant 'default') or TENANT=KEY; repeatable; env CONVEYOR_API_KEYS, comma-separated. "
+    "None given: no key is asked for",
+)
+@opt("--max-body-bytes", type=click.IntRange(min=1024), default=1 << 20, help="larger bodies get 413")
+@opt("--max-queued", type=click.IntRange(min=0), default=0, help="queued jobs per model before 429 (0: off)")
+@opt("--request-timeout", type=click.FloatRange(min=0.1), default=600.0, help="seconds before 504")
+@opt(
+    "--metrics-port", type=int, default=0, help="Prometheus port of its own (0: off; /metrics is served too)"
+)
+@opt("--log-level", default="info")
+def serve(**kw: Any) -> None:
+    """The OpenAI-compatible HTTP API over the queue (stateless: run as many as you like)."""
+    from pydantic import ValidationError
+
+    from worker.gateway.serve import run
+    from worker.gateway.settings import GatewaySettings, parse_api_keys
+
+    try:
+        kw["api_keys"] = parse_api_keys(kw["api_keys"])
+        kw["request_timeout_s"] = kw.pop("request_timeout")
+        log_level = kw.pop("log_level")
+        settings = GatewaySettings(**kw)
+    except (ValueError, ValidationError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    run(settings, log_level)
 
 
 @main.command()

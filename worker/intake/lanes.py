@@ -10,9 +10,10 @@ A lane is where jobs wait: a stream, the group its workers read it through, and 
                       a lane per priority level (PriorityLanes) or per tenant (FairShare)
 
 A stream per served model is `single_stream` under that model's stream name; home shards with stealing
-are `cluster_shards` (or `split_stream`) read with HomeFirst. Each lane is read by its own `Worker`
-(run/loop.py) with the lane's keys; the workers of several lanes share one engine and one write per Redis
-node each cycle (worker/cluster/sharded_worker.py, shared_engine.py, node_rounds.py).
+are `cluster_shards` (or `split_stream`) read with HomeFirst. `cluster_shards` is also the layout of
+`--shards` on one Redis. Each lane is read by its own `Worker` (run/loop.py) with the lane's keys; the
+workers of several lanes share one engine and one write per Redis server each cycle (run/lanes_worker.py,
+run/shared_engine.py, run/node_rounds.py).
 """
 
 from __future__ import annotations

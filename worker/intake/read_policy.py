@@ -9,7 +9,7 @@ After the replies, `read_back(lane, asked, got)` tells the policy what each read
 
 Layouts and policies for what the worker must carry (docs/protocol.md, "Lanes"):
 - one stream (protocol version 1): one lane, `OneLane`;
-- Redis Cluster shards (version 2): a lane per shard, `worker.cluster.read_shares.ReadShares`;
+- Redis Cluster shards (version 2): a lane per shard, `worker.intake.read_shares.ReadShares`;
 - a stream per served model: a worker has one lane, its model's stream, `OneLane`;
 - home shards with stealing: a lane per shard, `home_first.HomeFirst`;
 - priority lanes: a lane per priority level, `priority_lanes.PriorityLanes`;

@@ -87,7 +87,7 @@ class Worker:
     ) -> None:
         self.engine, self.client, self.cfg = engine, no_resends(client), cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
-        # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
+        # Shared by the lanes' workers of a lanes worker (run/lanes_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
         self._cut_off = lambda: cut_off(client)
@@ -100,7 +100,7 @@ class Worker:
         self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
         self.reader = Reader(client, cfg, self.stop, IdleStop(self.stop), self.health)
         # This worker's lane is cfg.keys.requests read through cfg.group (lanes.single_stream). A worker
-        # over several lanes runs one Worker per lane and passes each its share (sharded_worker.py).
+        # over several lanes runs one Worker per lane and passes each its share (run/lanes_worker.py).
         self.policy: ReadPolicy = OneLane()
         self.reclaimer = Reclaimer(cfg)
         self.trimmer = Trimmer(cfg.keys.requests)
@@ -171,13 +171,13 @@ class Worker:
             wait([future])  # it counts an attempt: in Redis before the step that runs the job
         self.finish(step, future, self.step_engine(step))
 
-    # A tick in three parts, so that a sharded worker can send every shard's round of a cycle to each
-    # Redis node in one write (worker/cluster/sharded_worker.py): begin, send, step_engine, finish.
+    # A tick in three parts, so that a lanes worker can send every lane's round of a cycle to each Redis
+    # node in one write (run/lanes_worker.py): begin, send, step_engine, finish.
     def begin(self, max_reads: int | None = None, wait: bool = True) -> Step | None:
         """Apply signals, then either wait idle for jobs (returns None) or build this step's round. At
         most `max_reads` new jobs are read in it (default: as many as there is room for). With
         `wait=False` it never waits: an idle worker builds a round too (reads only, or nothing), for a
-        sharded worker whose other shards have work (worker/cluster/sharded_worker.py)."""
+        lanes worker whose other lanes have work (run/lanes_worker.py)."""
         self.aborter.apply_signals()
         busy = self.engine.has_unfinished_requests()
         if wait and not busy and not self.has_work():

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.cluster.read_shares import ReadShares
 from worker.intake.fair_share import FairShare
 from worker.intake.home_first import HomeFirst
 from worker.intake.priority_lanes import PriorityLanes
 from worker.intake.read_policy import OneLane, ReadPolicy
+from worker.intake.read_shares import ReadShares
 
 
 def feed(policy: ReadPolicy, shares: list[int], backlog: list[int]) -> list[int]:

@@ -1,10 +1,11 @@
-"""One engine shared by the shards' workers: stepped once per cycle, its deltas split by shard.
+"""One engine shared by the lanes' workers: stepped once per cycle, its deltas split by lane.
 
-In cluster mode a worker runs one `Worker` per shard (each with its shard's keys and a connection to the
-master holding that shard's slot) over one engine. Each gets an `EngineView`: the first view to step in
-a cycle steps the real engine, and every view then takes the deltas of its own jobs. A view reports work
-while the engine has any (so an idle shard's worker does rounds, never a long blocking read, while other
-shards' jobs run) or while deltas of its own wait to be taken.
+A lanes worker (run/lanes_worker.py) runs one `Worker` per lane (a cluster shard, a shard on one Redis, a
+split stream), each with its lane's keys, over one engine. Each gets an `EngineView`: the first view to
+step in a cycle steps the real engine, and every view then takes the deltas of its own jobs. A view
+reports work while the engine has any (so an idle lane's worker does rounds, never a long blocking read,
+while other lanes' jobs run) or while deltas of its own wait to be taken. (Attribute names say "shard"
+for a lane: `shard_of`, `step_for(shard)`.)
 """
 
 from __future__ import annotations
