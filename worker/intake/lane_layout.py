@@ -25,7 +25,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from worker.intake.fair_share import FairShare
 from worker.intake.lanes import Lane
+from worker.intake.priority_lanes import PriorityLanes
+from worker.intake.read_policy import ReadPolicy
 from worker.keys import Keys
 from worker.protocol import TENANT_PATTERN
 
@@ -129,3 +132,11 @@ def read_layout(client: Any, keys: Keys) -> LaneLayout | None:
 def write_layout(client: Any, keys: Keys, layout: LaneLayout) -> None:
     """At a lanes worker's start: every worker with the same options writes the same bytes."""
     client.set(keys.lane_layout, layout.model_dump_json())
+
+
+def read_policy(layout: LaneLayout, weights: Mapping[str, float]) -> ReadPolicy:
+    """Priority lanes read the smallest level first (PriorityLanes); tenant lanes share by weight in
+    tokens served (FairShare)."""
+    if layout.by == "priority":
+        return PriorityLanes(len(layout.streams))
+    return FairShare(lane_weights(layout, weights))
