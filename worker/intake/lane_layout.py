@@ -18,7 +18,6 @@ nothing of lanes still gets its jobs served (at the default priority, in the def
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
@@ -31,6 +30,7 @@ from worker.intake.priority_lanes import PriorityLanes
 from worker.intake.read_policy import ReadPolicy
 from worker.keys import Keys
 from worker.protocol import TENANT_PATTERN
+from worker.shard_choice import choose_lane
 
 DEFAULT_TENANT = "default"  # the default lane's name in --tenant-weight (the gateway's tenant of a bare key)
 
@@ -54,11 +54,9 @@ class LaneLayout(BaseModel):
         return self
 
     def lane_of(self, job: Mapping[str, Any]) -> int:
-        """The lane (index into `streams`) a job, as the dict put on the wire, is added to."""
-        if self.by == "priority":
-            return max(0, bisect.bisect_right(self.levels, int(job.get("priority") or 0)) - 1)
-        tenant = job.get("tenant")
-        return self.tenants.index(tenant) + 1 if tenant in self.tenants else 0
+        """The lane (index into `streams`) a job, as the dict put on the wire, is added to (the rule is
+        worker/shard_choice.py's `choose_lane`)."""
+        return choose_lane(job, self)
 
     def stream_for(self, job: Mapping[str, Any]) -> str:
         return self.streams[self.lane_of(job)]
@@ -74,8 +72,9 @@ def priority_layout(keys: Keys, levels: list[int]) -> LaneLayout:
     levels = sorted(set(levels))
     if len(levels) < 2:
         raise ValueError("priority lanes need at least two distinct levels, e.g. 0,10")
-    home = max(0, bisect.bisect_right(levels, 0) - 1)
-    streams = [keys.requests if k == home else keys.lane(f"p{level}") for k, level in enumerate(levels)]
+    streams = [keys.lane(f"p{level}") for level in levels]
+    layout = LaneLayout(by="priority", levels=levels, streams=streams)
+    streams[layout.lane_of({})] = keys.requests  # the lane of the default priority, 0
     return LaneLayout(by="priority", levels=levels, streams=streams)
 
 
