@@ -39,6 +39,11 @@ def test_combinations_the_worker_does_not_run_are_refused_before_redis(extra, sa
     assert result.exit_code == 2 and says in result.output, result.output
 
 
+def test_tenant_weights_from_the_environment_are_split_on_spaces():
+    result = CliRunner().invoke(main, NOWHERE, env={"CONVEYOR_TENANT_WEIGHT": "a=2 b=0"})
+    assert result.exit_code == 2 and "weight in 'b=0' must be > 0" in result.output, result.output
+
+
 @pytest.mark.redis
 @pytest.mark.timeout(120)
 def test_a_worker_with_priority_lanes_serves_what_submit_puts_in_them(redis_server, r, tiny_model, tmp_path):
