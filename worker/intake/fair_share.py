@@ -48,6 +48,7 @@ class FairShare(ReadPolicy):
         self.job_cost = job_cost
         self.counter = [0.0] * len(weights)  # tokens given / weight
         self.hungry = [True] * len(weights)  # unknown: read as if backlogged until a read says otherwise
+        self._lone_probe = False  # the last split gave its whole room (1) to probing an idle lane
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
@@ -57,8 +58,11 @@ class FairShare(ReadPolicy):
             shares[idle[0]] = room
             return shares
         left = room
-        if idle and (left > 1 or self.waited[idle[0]] >= 1):
+        # A probe that takes the whole room delays the backlogged lanes by a round: at most every other one.
+        lone_probe = left == 1 and not self._lone_probe
+        if idle and (left > 1 or lone_probe):
             shares[idle[0]], left = 1, left - 1
+        self._lone_probe = bool(idle) and lone_probe
         provisional = {k: self.counter[k] for k in backlogged}
         for _ in range(left):
             k = min(backlogged, key=lambda k: provisional[k])  # stable: ties to the longest waiting
