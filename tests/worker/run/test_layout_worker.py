@@ -123,3 +123,18 @@ def test_a_flooding_tenant_shares_by_weight_and_cannot_delay_another(
         served[job_id[0]] += sum(start <= t <= end for t in at)
     ratio = served["a"] / served["b"]
     assert abs(ratio / (weight_a / weight_b) - 1) <= 0.15, (served, order[first_b:])
+
+
+def test_jobs_of_tenants_not_named_and_without_one_share_the_default_lane(redis_server, tiny_model):
+    client = connect(redis_server.url)
+    client.flushall()
+    layout = tenant_layout(KEYS, ["a"])
+    worker = layout_worker(real_engine(tiny_model, max_num_seqs=2), client, _cfg(), layout, {"default": 2})
+    jobs = [_job("named", 3, tenant="a"), _job("other", 3, tenant="zz"), _job("none", 3)]
+    for job in jobs:
+        enqueue(client, job, KEYS)
+    assert client.xlen("conveyor:requests:t:a") == 1 and client.xlen("conveyor:requests") == 2
+    with on_a_thread(worker):
+        done = wait_terminal(client, [j["id"] for j in jobs], timeout_s=60)
+    assert [done[j["id"]][-1]["usage"]["completion_tokens"] for j in jobs] == [3, 3, 3]
+    assert worker.policy.weights == [2, 1]  # the default lane, then tenant a
