@@ -6,8 +6,11 @@ A lane is where jobs wait: a stream, the group its workers read it through, and 
 
     single_stream     [conveyor:requests]                            protocol version 1, OneLane
     cluster_shards    [conveyor:{s0}:requests, conveyor:{s1}:...]     protocol version 2, ReadShares
-    split_stream      [conveyor:requests:p0, conveyor:requests:p1]   one prefix for the jobs' keys:
-                      a lane per priority level (PriorityLanes) or per tenant (FairShare)
+    split_stream      [conveyor:requests:p0, conveyor:requests:p1]   one prefix for the jobs' keys
+    LaneLayout.lanes  [conveyor:requests, conveyor:requests:p10]     priority lanes (PriorityLanes) or
+                      [conveyor:requests, conveyor:requests:t:a]     tenant lanes (FairShare); the
+                                                                     requests stream is the default's
+                                                                     lane (intake/lane_layout.py)
 
 A stream per served model is `single_stream` under that model's stream name; home shards with stealing
 are `cluster_shards` (or `split_stream`) read with HomeFirst. `cluster_shards` is also the layout of
