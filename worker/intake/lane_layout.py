@@ -128,6 +128,12 @@ def read_layout(client: Any, keys: Keys) -> LaneLayout | None:
     return None if raw is None else LaneLayout.model_validate_json(raw)
 
 
+async def read_layout_async(client: Any, keys: Keys) -> LaneLayout | None:
+    """`read_layout` on a redis.asyncio client (the HTTP gateway): route a job with `stream_for(job)`."""
+    raw = await client.get(keys.lane_layout)
+    return None if raw is None else LaneLayout.model_validate_json(raw)
+
+
 def write_layout(client: Any, keys: Keys, layout: LaneLayout) -> None:
     """At a lanes worker's start: every worker with the same options writes the same bytes."""
     client.set(keys.lane_layout, layout.model_dump_json())

@@ -18,6 +18,7 @@ from worker.intake.lane_layout import (
     parse_weights,
     priority_layout,
     read_layout,
+    read_layout_async,
     tenant_layout,
     write_layout,
 )
@@ -119,3 +120,25 @@ def test_the_client_reads_the_layout_at_most_once_per_ttl(r):
     r.delete(keys.lane_layout)  # within the TTL the client still routes by what it read
     enqueue(r, {"id": "2", "tenant": "a"}, keys)
     assert r.xlen("ttl:requests:t:a") == 2
+
+
+@pytest.mark.redis
+def test_an_async_client_reads_the_same_layout(r, redis_server):
+    import asyncio
+
+    import redis.asyncio
+
+    keys = Keys(prefix="async")
+    layout = tenant_layout(keys, ["a", "b"])
+
+    async def read():
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        try:
+            return await read_layout_async(client, keys)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(read()) is None
+    write_layout(r, keys, layout)
+    found = asyncio.run(read())
+    assert found == layout and found.stream_for({"id": "j", "tenant": "b"}) == "async:requests:t:b"
