@@ -37,6 +37,16 @@ class Keys:
     def dead(self) -> str:
         return self.dead_stream or f"{self.prefix}:dead"
 
+    def lane(self, name: str) -> str:
+        """A lane's request stream beside the requests stream (intake/lanes.py, intake/lane_layout.py)."""
+        return f"{self.requests}:{name}"
+
+    @property
+    def lane_layout(self) -> str:
+        """The lane layout (JSON, intake/lane_layout.py): which stream a job goes to; absent: the requests
+        stream. Written by workers with priority or tenant lanes, read by clients."""
+        return f"{self.requests}:lanes"
+
     @property
     def cancel_channel(self) -> str:
         return f"{self.prefix}:cancel"

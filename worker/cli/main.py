@@ -14,6 +14,7 @@ import redis
 
 from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
+from worker.cli.lane_options import PRIORITY_HELP, TENANT_HELP, lane_layout
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
 from worker.config import CLUSTER_SHARDS, WorkerConfig
@@ -146,6 +147,8 @@ def main() -> None:
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
 @config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
 @config_options(Limits)
+@opt("--priority-lanes", default=None, help=PRIORITY_HELP)
+@opt("--tenant-weight", "tenant_weights", multiple=True, help=TENANT_HELP)
 @opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
 @opt(
     "--torch-threads",
@@ -161,7 +164,13 @@ def worker(**kw: Any) -> None:
     from engine import LLMEngine
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
-    from worker.cli.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
+    from worker.cli.preflight import (
+        PreflightError,
+        check_eviction_policy,
+        check_lane_layout,
+        check_permissions,
+        wait_reachable,
+    )
     from worker.cli.tiny_model import resolve_model
     from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
@@ -171,6 +180,12 @@ def worker(**kw: Any) -> None:
 
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
+    layout, weights = lane_layout(  # before Redis and the model: a refused combination costs neither
+        Keys(**pop_config_kwargs(Keys, dict(kw))),
+        kw.pop("priority_lanes"),
+        kw.pop("tenant_weights"),
+        sharded=kw["cluster"] or kw["shards"] is not None,
+    )
     url = kw["redis_url"]
     if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
         raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
@@ -182,6 +197,8 @@ def worker(**kw: Any) -> None:
             if kw["shards"] is not None:  # protocol version 2 on one Redis: the shards' keys
                 keys = ShardedKeys(keys.prefix, kw["shards"]).shard(0)
             check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
+            if kw["shards"] is None:
+                check_lane_layout(client, keys, layout)
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -206,6 +223,10 @@ def worker(**kw: Any) -> None:
         w = ShardedWorker(engine, client, cfg)
     elif cfg.shard_count is not None:  # a lane per shard, all on this Redis
         w = shards_on_one_redis(engine, client, cfg)
+    elif layout is not None:  # a lane per priority level or per tenant, all on this Redis
+        from worker.run.layout_worker import layout_worker
+
+        w = layout_worker(engine, client, cfg, layout, weights)
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
@@ -303,6 +324,8 @@ def serve(**kw: Any) -> None:
 @click.argument("prompt")
 @redis_options
 @opt("--id", "job_id", default=None, help="job id (default: random)")
+@opt("--priority", type=int, default=None, help="the job's priority (with priority lanes: its lane)")
+@opt("--tenant", default=None, help="who the job is for (with tenant lanes: its lane)")
 @opt("--max-tokens", type=int, default=64)
 @opt("--temperature", type=float, default=0.0)
 @opt("--seed", type=int, default=None)
@@ -310,7 +333,19 @@ def serve(**kw: Any) -> None:
 @opt("--timeout", type=float, default=300.0)
 @cluster_client_options
 def submit(
-    prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, cluster, shards, replicas, **kw
+    prompt: str,
+    job_id,
+    priority,
+    tenant,
+    max_tokens,
+    temperature,
+    seed,
+    chat,
+    timeout,
+    cluster,
+    shards,
+    replicas,
+    **kw,
 ) -> None:
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
@@ -324,8 +359,9 @@ def submit(
     url = kw["redis_url"]
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
-    if seed is not None:
-        job["seed"] = seed
+    for name, value in (("seed", seed), ("priority", priority), ("tenant", tenant)):
+        if value is not None:
+            job[name] = value
     with one_line_errors(url):
         queue = _queue(kw, keys, cluster, shards, replicas)
         shard = queue.submit(job)

@@ -8,7 +8,7 @@ trimming and cancel channel are per lane. The engine is shared through views (sh
 A cycle drives the lanes' workers through a tick's parts (Worker.begin, step_engine, finish) in a
 rotating order; the read policy (intake/read_policy.py) splits the engine's room between the lanes, and
 is told after the replies what each read found (`read_back`) and what service each lane's jobs got
-(`charge`). The rounds built in a cycle go out with one write per Redis server (node_rounds.py): on one
+(`charge`, in tokens: intake/fair_share.py's `served_tokens`). The rounds built in a cycle go out with one write per Redis server (node_rounds.py): on one
 Redis, one write a cycle whatever the number of lanes. While any lane has work (a step, jobs in flight
 or being admitted, commands owed, or a backlog to read) every lane's worker does a non-blocking round
 per cycle; only a worker idle on every lane blocks: on one Redis, in one XREADGROUP over every lane's
@@ -37,6 +37,7 @@ import structlog
 
 from engine.client import EngineClient
 from worker.config import WorkerConfig
+from worker.intake.fair_share import served_tokens
 from worker.intake.joint_wait import wait_on_lanes
 from worker.intake.lanes import Lane, cluster_shards
 from worker.intake.read_policy import ReadPolicy
@@ -204,7 +205,7 @@ class LanesWorker:
                 continue
             if step.reads:
                 policy.read_back(k, step.reads, len(self.workers[k].arrived))
-            policy.charge(k, sum(len(d.new_token_ids) for d in done.deltas))
+            policy.charge(k, served_tokens(done.deltas))
 
     def _has_work(self, room: int, policy: ReadPolicy) -> bool:
         """Whether any lane has a step or a round to do this cycle, or a backlog to read (a hungry lane,
