@@ -303,35 +303,22 @@ class LLMEngine:
     def _deltas(
         self, updated: list[Request], logprobs: dict[str, list[tuple[int, float]]]
     ) -> list[StepDelta]:
-        """One StepDelta per request that got tokens this step, in batch order.
-
-        Runs once per running request per step (256 times at full batch), so the common case (still
-        running, no logprobs, no stop string matched) is inlined: one text append, one StepDelta."""
+        """One StepDelta per request that got tokens this step, in batch order (256 at full batch)."""
         out: list[StepDelta] = []
         add = out.append
-        streams, next_index = self._streams, self._next_index
+        streams, next_index, make = self._streams, self._next_index, self._make_delta
         generated = 0
         for request in updated:
             try:  # one request's failure ends that request only (no cost when nothing raises)
                 seq_id = request.request_id
                 first = next_index[seq_id]
                 new_ids = request.output_token_ids[first:]
-                num_new = len(new_ids)
-                generated += num_new
+                generated += len(new_ids)
                 text, stopped = streams[seq_id].append(new_ids)
                 if stopped or request.status is not _RUNNING or (logprobs and seq_id in logprobs):
                     add(self._delta_for(request, new_ids, text, stopped, logprobs.get(seq_id)))
-                    continue
-                num_output = first + num_new
-                next_index[seq_id] = num_output
-                # All fields positional: 0.35 us against 0.5 us with keywords (~40 us per step at 256).
-                add(
-                    StepDelta(
-                        request.group_id, request.sample_index, new_ids, text, first,
-                        None, None, False, None,  # logprobs, logprob_tokens, finished, finish_reason
-                        len(request.prompt_token_ids), None, num_output,  # num_prompt_tokens, text, num_output
-                    )
-                )  # fmt: skip
+                else:
+                    add(make(request, new_ids, text))
             except Exception as exc:
                 out += self._fail_request(request, exc)
         self._num_generated_tokens += generated
@@ -377,10 +364,11 @@ class LLMEngine:
         request: Request,
         new_ids: list[int],
         text: str,
-        logprobs: list[list[tuple[int, float]]] | None,
+        logprobs: list[list[tuple[int, float]]] | None = None,
         finish_reason: str | None = None,
         final_text: str | None = None,
     ) -> StepDelta:
+        """The one place a StepDelta is built; advances the sequence's next token index."""
         first = self._next_index[request.request_id]
         self._next_index[request.request_id] = first + len(new_ids)
         return StepDelta(

@@ -130,31 +130,20 @@ class Scheduler:
         running = self.running
         was_running = bool(running)
 
-        # Running requests, most of them decoding: the per-request work is inlined here (it runs 256 times a
-        # step at full batch). A request whose table already holds its tokens skips the allocator.
-        tables = self.kv.tables
-        block_size = self.kv.block_size
-        add = step.sequences.append
-        forks = None if step.no_forks else self.forks
+        # Running requests, most of them decoding; a request whose table already holds its tokens skips
+        # the allocator.
+        has_room = self.kv.has_room
         for request in running:  # preemption pops from the back, which this loop has not reached
             if budget <= 0:
                 break
-            rid = request.request_id
-            tokens = request.token_ids()
             start = request.num_computed_tokens
-            end = len(tokens)
-            if end - start > budget:
-                end = start + budget
-            table = tables.get(rid)
-            if table is None or len(table) * block_size < end:
-                if not self._allocate_or_preempt(request, end - start, step):
-                    break  # it was the last one, and preempted itself
-                table = tables[rid]
-            sample = end == len(tokens)
-            add(ScheduledSequence(rid, tokens[start:end], start, table, sample))
-            if sample and forks is not None and forks.num_siblings(request):
-                self._fork(request, step)
-            budget -= end - start
+            n = min(request.num_tokens - start, budget)
+            if not has_room(request.request_id, start + n) and not self._allocate_or_preempt(
+                request, n, step
+            ):
+                break  # it was the last one, and preempted itself
+            self._schedule(request, n, step)
+            budget -= n
 
         static = cfg.scheduling == "static"
         if static and not was_running:
@@ -287,18 +276,13 @@ class Scheduler:
         return True
 
     def _schedule(self, request: Request, n: int, step: _Step) -> None:
-        """Admission of a waiting request (running ones are scheduled inline in schedule())."""
+        """Schedule the next n tokens of a request whose table holds them (running or just admitted)."""
         start = request.num_computed_tokens
         tokens = request.token_ids()
         sample = start + n == len(tokens)
+        rid = request.request_id
         step.sequences.append(
-            ScheduledSequence(
-                request.request_id,
-                tokens[start : start + n],
-                start,
-                self.kv.block_ids(request.request_id),
-                sample,
-            )
+            ScheduledSequence(rid, tokens[start : start + n], start, self.kv.tables[rid], sample)
         )
         if sample and not step.no_forks and self.forks.num_siblings(request):
             self._fork(request, step)
