@@ -48,9 +48,9 @@ class StepRecorder:
         rec = cls(model_args=engine.runner.model.args)
         execute = engine.runner.execute
 
-        def recording_execute(sched_out, requests):
+        def recording_execute(sched_out):
             rec.record(sched_out)
-            return execute(sched_out, requests)
+            return execute(sched_out)
 
         engine.runner.execute = recording_execute
         return rec
@@ -58,7 +58,7 @@ class StepRecorder:
     def record(self, sched_out) -> None:
         t = b = 0
         for s in sched_out.sequences:
-            q, p = len(s.token_ids), s.start_pos
+            q, p = s.num_new_tokens, s.start_pos
             t += q
             b += s.sample  # one LM head row per sampled sequence, forks included
             self.attended_keys += q * p + q * (q + 1) // 2

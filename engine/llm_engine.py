@@ -21,6 +21,7 @@ from engine.config import EngineConfig, SchedulerConfig, check_backend_block_siz
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerOutput
 from engine.detokenizer import Decoder, TextStream
 from engine.device import DeviceBinding, resolve_device
 from engine.distributed.group import TPGroup
@@ -33,7 +34,7 @@ from engine.distributed.rank_model import (
 from engine.distributed.rank_processes import RankProcesses
 from engine.errors import FailureCode, RejectReason, RequestRejected
 from engine.kv_cache import allocate_kv_pool
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, PendingOutput
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
 from engine.sampling.make_sampler import make_sampler
@@ -137,6 +138,8 @@ class LLMEngine:
         # Finishing deltas produced outside step() (aborts, resumed requests that were already done),
         # handed out by the next step().
         self._pending: list[StepDelta] = []
+        # Async scheduling: the step submitted last, whose sampled ids are not handled yet.
+        self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None
         self._ids = itertools.count()
         self._num_generated_tokens = 0
 
@@ -246,23 +249,40 @@ class LLMEngine:
         it ends (and its leases lapse) without waiting for a job to step."""
         if self.ranks is not None:
             self.ranks.check()
-        return bool(self._pending) or self.scheduler.has_unfinished_requests()
+        return bool(self._pending) or self._in_flight is not None or self.scheduler.has_unfinished_requests()
 
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[StepDelta]:
-        """Run one iteration: every running sequence advances by one token (or one prefill chunk)."""
+        """Run one iteration: every running sequence advances by one token (or one prefill chunk).
+
+        With `async_scheduling` the step scheduled here is submitted, and the deltas returned are those of
+        the step submitted by the previous call, handled while this one runs."""
         deltas, self._pending = self._pending, []
         deltas += self._fail_structured(self.structured.poll(self.scheduler))
+        if self._in_flight is not None and self.structured.has_matchers():
+            # A grammar's mask for the next step needs the token in flight accepted by its matcher first.
+            deltas += self._finish_step(*self._in_flight)
+            self._in_flight = None
         sched_out = self.scheduler.schedule()
-        if sched_out.is_empty:
+        if sched_out.is_empty and self._in_flight is None:
             if self.structured.has_compiling():
                 self.structured.wait(0.005)  # only grammars to wait for: do not spin
             return deltas
-        runner_out = self.runner.execute(sched_out, self.scheduler.requests)
+        if not self.config.async_scheduling:
+            return deltas + self._finish_step(sched_out, self.runner.submit(sched_out))
+        submitted = (sched_out, self.runner.submit(sched_out)) if not sched_out.is_empty else None
+        if self._in_flight is not None:
+            deltas += self._finish_step(*self._in_flight)
+        self._in_flight = submitted
+        return deltas
+
+    def _finish_step(self, sched_out: SchedulerOutput, pending: PendingOutput) -> list[StepDelta]:
+        """Wait for a step's sampled ids; append them, decide who finished, advance grammars, build deltas."""
+        runner_out = pending.result()
         updated = self.scheduler.update_from_output(sched_out, runner_out)
         rejected = self.structured.accept(updated)
-        deltas += self._deltas(updated, runner_out.logprobs)
+        deltas = self._deltas(updated, runner_out.logprobs)
         return deltas + self._fail_structured(rejected) if rejected else deltas
 
     def _fail_structured(self, failures: list[tuple[Request, str, FailureCode]]) -> list[StepDelta]:

@@ -19,7 +19,7 @@ from engine.core.finish_rules import StopTriggers, check_stop
 from engine.core.fork_waitlist import ForkWaitlist
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import make_queue
-from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from engine.core.scheduler_output import NewRequest, RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.errors import RejectReason, RequestRejected
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
@@ -57,6 +57,8 @@ class Scheduler:
         # several steps. Group ids, so that the samples of an n > 1 request stay in their batch.
         self._static_batch: set[str] = set()
         self.num_preemptions = 0
+        # Ids the runner holds that finished since the last schedule() (it drops their state).
+        self._finished_ids: list[str] = []
 
     # ------------------------------------------------------------------ requests
 
@@ -137,7 +139,10 @@ class Scheduler:
             if budget <= 0:
                 break
             start = request.num_computed_tokens
-            n = min(request.num_tokens - start, budget)
+            pending = request.num_output_placeholders
+            if pending and _at_limit(request, pending):
+                continue  # the step in flight returns its last token, and finishes it
+            n = min(request.num_tokens + pending - start, budget)
             if not has_room(request.request_id, start + n) and not self._allocate_or_preempt(
                 request, n, step
             ):
@@ -171,18 +176,22 @@ class Scheduler:
         for sibling in reversed(step.unforked):
             sibling.status = RequestStatus.WAITING
             self.waiting.add_front(sibling)
+        finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(
             sequences=step.sequences,
             num_batched_tokens=cfg.max_num_batched_tokens - budget,
+            new_requests=step.new_requests,
             block_copies=step.copies,
             preempted_ids=step.preempted,
+            finished_ids=finished,
         )
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
     ) -> list[Request]:
-        """Advance computed tokens, append samples, decide who finished. Returns, in batch order, the
-        requests that got a token this step (finished ones included; they already left `running`)."""
+        """Append samples, decide who finished. Returns, in batch order, the requests that got a token this
+        step (finished ones included; they already left `running`). A request preempted after this step was
+        scheduled (async scheduling) still gets its token; one finished or aborted since does not."""
         sampled = runner_output.sampled_token_ids
         updated: list[Request] = []
         add = updated.append
@@ -193,14 +202,14 @@ class Scheduler:
         for seq in scheduler_output.sequences:
             rid = seq.request_id
             request = requests.get(rid)
-            if request is None or request.status is not _RUNNING:
-                continue  # aborted or finished from outside after this step was scheduled
-            request.num_computed_tokens = seq.start_pos + len(seq.token_ids)
+            if request is None:
+                continue  # finished (or aborted) after this step was scheduled
             if not seq.sample:
                 if cache_blocks:
                     self.kv.cache_full_blocks(request)
                 continue
             token = sampled[rid]
+            request.num_output_placeholders -= 1
             request.append_output_token(token)
             if cache_blocks:
                 self.kv.cache_full_blocks(request)
@@ -276,16 +285,26 @@ class Scheduler:
         return True
 
     def _schedule(self, request: Request, n: int, step: _Step) -> None:
-        """Schedule the next n tokens of a request whose table holds them (running or just admitted)."""
+        """Schedule the next n tokens of a request whose table holds them (running or just admitted).
+
+        Its computed tokens advance now (vLLM's rule), so that with async scheduling the next step can be
+        scheduled before this one's sampled token is back: that token is then a placeholder."""
         start = request.num_computed_tokens
-        tokens = request.token_ids()
-        sample = start + n == len(tokens)
+        end = start + n
+        sample = end == request.num_tokens + request.num_output_placeholders
         rid = request.request_id
-        step.sequences.append(
-            ScheduledSequence(rid, tokens[start : start + n], start, self.kv.tables[rid], sample)
-        )
-        if sample and not step.no_forks and self.forks.num_siblings(request):
-            self._fork(request, step)
+        table = self.kv.tables[rid]
+        sent = request.num_blocks_sent
+        if not request.sent_to_runner:
+            request.sent_to_runner = True
+            step.new_requests.append(_new_request(request))
+        step.sequences.append(ScheduledSequence(rid, n, start, table[sent:], sample, sent == 0))
+        request.num_blocks_sent = len(table)
+        request.num_computed_tokens = end
+        if sample:
+            request.num_output_placeholders += 1
+            if not step.no_forks and self.forks.num_siblings(request):
+                self._fork(request, step)
 
     def _fork(self, parent: Request, step: _Step) -> None:
         """Siblings sample from the parent's last logits this step; those without a slot or a block fall
@@ -301,18 +320,18 @@ class Scheduler:
                 continue
             free_slots -= 1
             sibling.status = _RUNNING
+            sibling.sent_to_runner = True
             step.copies.extend(fork.block_copies)
             step.forked.append(sibling)
+            step.new_requests.append(_new_request(sibling))
+            table = self.kv.tables[sibling.request_id]
+            start = parent.num_prompt_tokens
             step.sequences.append(
-                ScheduledSequence(
-                    request_id=sibling.request_id,
-                    token_ids=[],
-                    start_pos=parent.num_prompt_tokens,
-                    block_ids=self.kv.block_ids(sibling.request_id),
-                    sample=True,
-                    fork_of=parent.request_id,
-                )
+                ScheduledSequence(sibling.request_id, 0, start, table, True, True, parent.request_id)
             )
+            sibling.num_blocks_sent = len(table)
+            sibling.num_computed_tokens = start
+            sibling.num_output_placeholders += 1
 
     def _add_running(self, request: Request) -> None:
         if self.config.policy == "priority":
@@ -324,6 +343,7 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_blocks_sent = 0  # the runner gets its whole new table when it resumes
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_front(request)
@@ -350,6 +370,8 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
+        if request.sent_to_runner:
+            self._finished_ids.append(request.request_id)
         self._release_forks(request)
 
 
@@ -358,6 +380,7 @@ class _Step:
     """What one schedule() call has decided so far."""
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
+    new_requests: list[NewRequest] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     # Siblings forked in this step: they join `running` after the step is built.
@@ -366,3 +389,19 @@ class _Step:
     unforked: list[Request] = field(default_factory=list)
     # No sibling waits for a fork (true in most steps; none can be added while the step is built).
     no_forks: bool = False
+
+
+def _new_request(request: Request) -> NewRequest:
+    return NewRequest(
+        request.request_id,
+        request.prompt_token_ids,
+        request.params,
+        request.sample_index,
+        list(request.output_token_ids),
+    )
+
+
+def _at_limit(request: Request, pending: int) -> bool:
+    """With `pending` sampled tokens not back yet: whether they already reach its max_tokens or context."""
+    triggers = request.stop_triggers
+    return triggers is not None and len(request.output_token_ids) + pending >= triggers.num_outputs

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.request import Request
+from engine.request_state import SamplingRequest as Request
 
 
 @dataclass(frozen=True, eq=False)

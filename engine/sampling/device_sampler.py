@@ -23,12 +23,14 @@ a draw from the device's generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
-from engine.core.request import Request
 from engine.outputs import TokenLogprobs
-from engine.sampler import SamplerResult, vocab_logits
+from engine.request_state import SamplingRequest as Request
+from engine.sampler import SampledIds, SamplerResult, vocab_logits
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.device_noise import exponential_noise, row_uniforms
 from engine.sampling.inverse_cdf import sample_by_uniform
@@ -49,18 +51,24 @@ class DeviceSampler:
         return self._params
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
+        return self.launch(logits, requests).read()
+
+    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
+        """Queue the step's sampling; nothing is read back until `read()` on the result."""
         logits = vocab_logits(logits, len(requests), self.vocab_size).float()  # [B, V]
         bp = self.batch_params(requests)
         pending = bp.min_tokens_pending()
         if bp.plain_greedy and not pending:
-            return SamplerResult(logits.argmax(dim=-1).tolist(), [None] * len(requests))
-        work = self._penalised(logits, bp, pending)
-        tokens = work.argmax(dim=-1)  # [B] int64
-        if not bool(bp.greedy.all()):  # host array
-            sampled = self._sample(work, bp)
-            greedy = torch.from_numpy(bp.greedy).to(logits.device)
-            tokens = torch.where(greedy, tokens, sampled)
-        return self._read_back(logits, tokens, requests, bp)
+            tokens = logits.argmax(dim=-1)  # [B] int64
+        else:
+            work = self._penalised(logits, bp, pending)
+            tokens = work.argmax(dim=-1)  # [B] int64
+            if not bool(bp.greedy.all()):  # host array
+                sampled = self._sample(work, bp)
+                greedy = torch.from_numpy(bp.greedy).to(logits.device)
+                tokens = torch.where(greedy, tokens, sampled)
+        host = _to_host(self._read_back_rows(logits, tokens, requests, bp))
+        return SampledIds(tokens, lambda: self._unpack(host(), requests, bp))
 
     def _penalised(self, logits: torch.Tensor, bp: BatchParams, pending: list[int]) -> torch.Tensor:
         """[B, V] float32: logits with the penalties and min_tokens bans, a copy when there are any."""
@@ -127,19 +135,26 @@ class DeviceSampler:
             seeds = torch.where(torch.from_numpy(bp.seeded).to(dev), seeds, draws)
         return seeds
 
-    def _read_back(
+    def _read_back_rows(
         self, logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request], bp: BatchParams
-    ) -> SamplerResult:
-        """The step's one device-to-host copy: token ids, and the logprobs when any row asks."""
+    ) -> torch.Tensor:
+        """What the host reads: [B] int64 ids, or with logprobs [B, 2 + 2 k] float64 (id, its logprob,
+        the top-k ids, their logprobs) of the raw logits."""
         if not bp.logprobs:
-            return SamplerResult(tokens.tolist(), [None] * len(requests))
+            return tokens
         raw = torch.log_softmax(logits, dim=-1)  # [B, V] of the raw logits
         max_k = min(max(r.params.logprobs or 0 for r in requests), raw.shape[1])
         parts = [tokens[:, None].double(), raw.gather(1, tokens[:, None]).double()]
         if max_k > 0:
             top = raw.topk(max_k, dim=-1)
             parts += [top.indices.double(), top.values.double()]
-        host = torch.cat(parts, dim=1).tolist()  # [B, 2 + 2 max_k]
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def _unpack(host: list, requests: list[Request], bp: BatchParams) -> SamplerResult:
+        if not bp.logprobs:
+            return SamplerResult(host, [None] * len(requests))
+        max_k = (len(host[0]) - 2) // 2 if host else 0
         token_ids = [int(row[0]) for row in host]
         out: list[TokenLogprobs | None] = []
         for row, r in zip(host, requests, strict=True):
@@ -152,6 +167,23 @@ class DeviceSampler:
                 [(int(row[0]), row[1])] + [(int(i), v) for i, v in zip(top_ids[:n], top_lp[:n], strict=True)]
             )
         return SamplerResult(token_ids, out)
+
+
+def _to_host(x: torch.Tensor) -> Callable[[], list]:
+    """Start the copy of `x` to the host; the returned call waits for it and gives its values as lists.
+    On CUDA a non-blocking copy into pinned memory and an event: the host waits only when it reads."""
+    if x.device.type != "cuda":
+        return x.tolist
+    pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    pinned.copy_(x, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def read() -> list:
+        done.synchronize()
+        return pinned.tolist()
+
+    return read
 
 
 def _token_mask(
