@@ -92,7 +92,8 @@ class ModelRunner:
         if enable_cuda_graphs:
             self.graphs = CudaGraphs(model, self.kv_caches, self.batch, self.buckets, max_model_len)
             self.graphs.capture()
-        # Seconds of the last step: model forward + logits, and the whole submit() call.
+        # Seconds of the last step: model forward + logits (on CUDA the launch only: nothing waits for the
+        # device before the sampled ids), and the whole submit() call.
         self.last_forward_seconds = 0.0
         self.last_step_seconds = 0.0
         # Each request's state, owned here: made from the scheduler's NewRequest, grown by sampled ids.
@@ -222,8 +223,6 @@ class ModelRunner:
             logits = (
                 self.model.compute_logits(hidden[inputs.sample_rows]) if inputs.sample_rows.numel() else None
             )
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
             # After the forward: a fork's copy of its parent's last block must include this step's KV.
             self.copy_blocks(inputs.block_copies)
         return logits
