@@ -393,12 +393,12 @@ def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], Sa
         engine.step()
     gc.collect()
     gc.freeze()
-    busy, t0 = device.busy_s, time.perf_counter()
+    busy, t0, c0 = device.busy_s, time.perf_counter(), time.thread_time()
     for _ in range(args.steps):
         deltas = engine.step()
         if len(deltas) != args.batch:
             raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     gc.unfreeze()
     device.close()
     return {
@@ -406,6 +406,8 @@ def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], Sa
         "device_ms": args.device_ms,
         "step_ms": wall / args.steps * 1e3,
         "device_idle": idle_fraction(device, busy, wall),
+        # The host thread's CPU time per step: its own work, without waiting for the device or a core.
+        "host_cpu_ms": cpu / args.steps * 1e3,
         "async_scheduling": args.async_scheduling,
         "batch": args.batch,
         "steps": args.steps,
@@ -421,7 +423,8 @@ def main_simulated(args, model_dir: Path) -> None:
         mode = "async" if args.async_scheduling else "sync"
         print(
             f"{name:8s} {mode:5s} device {rec['device_ms']:.1f} ms | step {rec['step_ms']:.2f} ms "
-            f"({rec['step_ms'] / rec['device_ms']:.2f} x T) | device idle {rec['device_idle']:.1%}",
+            f"({rec['step_ms'] / rec['device_ms']:.2f} x T) | device idle {rec['device_idle']:.1%} | "
+            f"host CPU {rec['host_cpu_ms']:.2f} ms/step",
             flush=True,
         )
     if args.json:

@@ -45,6 +45,7 @@ class Scheduler:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv = KVBlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self._tables = self.kv.tables  # the block manager's dict (never replaced), read per request per step
         # Every unfinished request by id (the runner reads sampling parameters from here).
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
@@ -142,12 +143,13 @@ class Scheduler:
             pending = request.num_output_placeholders
             if pending and _at_limit(request, pending):
                 continue  # the step in flight returns its last token, and finishes it
-            n = min(request.num_tokens + pending - start, budget)
+            total = len(request.prompt_token_ids) + len(request.output_token_ids) + pending
+            n = min(total - start, budget)
             if not has_room(request.request_id, start + n) and not self._allocate_or_preempt(
                 request, n, step
             ):
                 break  # it was the last one, and preempted itself
-            self._schedule(request, n, step)
+            self._schedule(request, n, total, step)
             budget -= n
 
         static = cfg.scheduling == "static"
@@ -168,7 +170,7 @@ class Scheduler:
             request.num_computed_tokens = request.num_cached_tokens = cached.num_tokens
             self._add_running(request)
             num_seqs += 1 + self.forks.num_siblings(request)
-            self._schedule(request, n, step)
+            self._schedule(request, n, request.num_tokens, step)
             budget -= n
 
         for sibling in step.forked:
@@ -284,16 +286,17 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule(self, request: Request, n: int, step: _Step) -> None:
-        """Schedule the next n tokens of a request whose table holds them (running or just admitted).
+    def _schedule(self, request: Request, n: int, total: int, step: _Step) -> None:
+        """Schedule the next n of the `total` tokens (placeholders included) of a request whose table
+        holds them (running or just admitted).
 
         Its computed tokens advance now (vLLM's rule), so that with async scheduling the next step can be
         scheduled before this one's sampled token is back: that token is then a placeholder."""
         start = request.num_computed_tokens
         end = start + n
-        sample = end == request.num_tokens + request.num_output_placeholders
+        sample = end == total
         rid = request.request_id
-        table = self.kv.tables[rid]
+        table = self._tables[rid]
         sent = request.num_blocks_sent
         if not request.sent_to_runner:
             request.sent_to_runner = True
