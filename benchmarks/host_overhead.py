@@ -170,10 +170,14 @@ class Clock:
 class _TimedSampler:
     def __init__(self, sampler, clock: Clock) -> None:
         self._call = clock.wrap("sample", sampler.__call__)
+        self._launch = clock.wrap("sample", sampler.launch)
         self._inner = sampler
 
     def __call__(self, *args, **kwargs):
         return self._call(*args, **kwargs)
+
+    def launch(self, *args, **kwargs):
+        return self._launch(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
