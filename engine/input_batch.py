@@ -106,7 +106,9 @@ class DeviceBuffers:
     Sizes grow (new addresses) when a step needs more, unless `frozen` (CUDA graphs captured), then it raises.
     Each buffer has a host-side numpy mirror (`host[name]`) that prepare() writes into; `upload` then gives
     the device view. On the CPU the mirror is the buffer itself (a numpy view of the same memory): no copy.
-    Elsewhere it is pinned host memory, copied over by `upload`.
+    Elsewhere it is pinned host memory, copied over by `upload` without waiting for the device (a blocking
+    copy would wait for every step queued before it, which async scheduling must not); before the mirrors
+    are written again, `host_free()` waits for the last step's copies only (an event after them).
     """
 
     NAMES = (
@@ -122,6 +124,7 @@ class DeviceBuffers:
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
         self.device = device
         self.frozen = False
+        self._uploaded: torch.cuda.Event | None = None  # recorded after the last step's copies
         self._alloc(max_tokens, max_seqs, max_blocks)
 
     def _alloc(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
@@ -148,8 +151,20 @@ class DeviceBuffers:
         prepare() wrote into `host[name][:n]`."""
         view = getattr(self, name)[:n]
         if not self.on_host:
-            view.copy_(torch.from_numpy(self.host[name][:n]))
+            view.copy_(torch.from_numpy(self.host[name][:n]), non_blocking=True)
         return view if shape is None else view.view(shape)
+
+    def uploaded(self) -> None:
+        """The step's copies are queued: mark them, so that host_free() can wait for them."""
+        if not self.on_host and self.device.type == "cuda":
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+
+    def host_free(self) -> None:
+        """Wait until the last step's copies have read the host mirrors (nothing to wait for on the CPU)."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+            self._uploaded = None
 
     def fit(self, tokens: int, seqs: int, blocks: int) -> None:
         if tokens <= self.max_tokens and seqs <= self.max_seqs and blocks <= self.max_blocks:
@@ -253,6 +268,7 @@ class InputBatch:
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
         bs = self.block_size
         tables = self.tables
+        self.buffers.host_free()
         for s in seqs:
             if s.block_ids is not None:
                 tables.set(s.request_id, s.block_ids)
@@ -339,7 +355,7 @@ class InputBatch:
             query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens),
             seq_lens_cpu=seq_lens_cpu,
         )
-        return PreparedStep(
+        step = PreparedStep(
             input_ids=up("input_ids", num_tokens),
             positions=up("positions", num_tokens),
             meta=meta,
@@ -347,3 +363,5 @@ class InputBatch:
             sample_ids=sample_ids,
             num_padded_seqs=pad,
         )
+        buf.uploaded()
+        return step

@@ -28,6 +28,7 @@ from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.request_state import RequestState
 from engine.sampler import SampledIds, TokenSampler
+from engine.sampling.host_to_device import to_device
 from engine.sampling.make_sampler import make_sampler
 
 if TYPE_CHECKING:  # rank_processes spawns rank_process, which imports this module
@@ -185,8 +186,8 @@ class ModelRunner:
         assert last.sampled is not None
         index = {rid: i for i, rid in enumerate(last.sample_ids)}
         dev = input_ids.device
-        at = torch.tensor([i for i, _ in placeholders], dtype=torch.int64).to(dev, non_blocking=True)
-        src = torch.tensor([index[r] for _, r in placeholders], dtype=torch.int64).to(dev, non_blocking=True)
+        at = to_device([i for i, _ in placeholders], dev, torch.int64)
+        src = to_device([index[r] for _, r in placeholders], dev, torch.int64)
         input_ids[at] = last.sampled.tokens()[src]
 
     def _fold(self) -> None:

@@ -33,6 +33,7 @@ from engine.request_state import SamplingRequest as Request
 from engine.sampler import SampledIds, SamplerResult, vocab_logits
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.device_noise import exponential_noise, row_uniforms
+from engine.sampling.host_to_device import to_device
 from engine.sampling.inverse_cdf import sample_by_uniform
 from engine.sampling.noise import stable_seeds
 from engine.sampling.penalties import min_tokens_banned
@@ -65,7 +66,7 @@ class DeviceSampler:
             tokens = work.argmax(dim=-1)  # [B] int64
             if not bool(bp.greedy.all()):  # host array
                 sampled = self._sample(work, bp)
-                greedy = torch.from_numpy(bp.greedy).to(logits.device)
+                greedy = to_device(bp.greedy, logits.device)
                 tokens = torch.where(greedy, tokens, sampled)
         host = _to_host(self._read_back_rows(logits, tokens, requests, bp))
         return SampledIds(tokens, lambda: self._unpack(host(), requests, bp))
@@ -77,14 +78,14 @@ class DeviceSampler:
         if bp.rep_rows:
             rows = bp.rep_rows
             seen = _token_mask([requests[i].token_ids() for i in rows], rows, len(requests), vocab, dev)
-            rep = torch.from_numpy(bp.repetition).to(dev)[:, None]  # [B, 1]
+            rep = to_device(bp.repetition, dev)[:, None]  # [B, 1]
             work = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
         if bp.dense:
             pres = [r.params.presence_penalty for r in requests]
             freq = [r.params.frequency_penalty for r in requests]
             counts = _token_counts([r.output_token_ids for r in requests], len(requests), vocab, dev)
-            p = torch.tensor(pres, dtype=torch.float32).to(dev)[:, None]
-            f = torch.tensor(freq, dtype=torch.float32).to(dev)[:, None]
+            p = to_device(pres, dev, torch.float32)[:, None]
+            f = to_device(freq, dev, torch.float32)[:, None]
             work = work - (f * counts + p * (counts > 0).float())
         pairs = [
             i * vocab + t
@@ -94,7 +95,7 @@ class DeviceSampler:
         ]
         if pairs:
             work = work.clone() if work is logits else work
-            flat = torch.tensor(pairs, dtype=torch.int64).to(dev)
+            flat = to_device(pairs, dev, torch.int64)
             work.view(-1).index_fill_(0, flat, -float("inf"))
         return work
 
@@ -102,10 +103,10 @@ class DeviceSampler:
         """[B] int64: the race (or the inverse transform) of every row; greedy rows' values unused."""
         dev, vocab = work.device, work.shape[1]
         seeds = self._row_seeds(bp, dev)  # [B] int64
-        t = torch.from_numpy(np.where(bp.greedy, 1.0, bp.temperature).astype(np.float32)).to(dev)[:, None]
-        mp = torch.from_numpy(bp.min_p).to(dev)[:, None]
-        tp = torch.from_numpy(bp.top_p).to(dev)[:, None]
-        k = torch.from_numpy(bp.top_k).to(dev)[:, None]
+        t = to_device(np.where(bp.greedy, 1.0, bp.temperature).astype(np.float32), dev)[:, None]
+        mp = to_device(bp.min_p, dev)[:, None]
+        tp = to_device(bp.top_p, dev)[:, None]
+        k = to_device(bp.top_k, dev)[:, None]
         values, ids = work.sort(dim=-1, descending=True, stable=True)  # [B, V]
         w = torch.exp((values - values[:, :1]) / t)  # [B, V], the max is 1
         if (bp.min_p > 0).any():
@@ -123,16 +124,16 @@ class DeviceSampler:
             if (bp.min_p > 0).any():
                 x = torch.where(x < mp, 0.0, x)
             by_cdf = sample_by_uniform(x, row_uniforms(seeds))
-            tokens = torch.where(torch.from_numpy(every).to(dev), by_cdf, tokens)
+            tokens = torch.where(to_device(every, dev), by_cdf, tokens)
         return tokens
 
     def _row_seeds(self, bp: BatchParams, dev: torch.device) -> torch.Tensor:
         """[B] int64 row seeds: the stable hash for seeded rows (host arrays), a device draw for the others."""
         stable = stable_seeds(bp.seed, bp.sample_index, output_lengths(bp.requests)).view(np.int64)
-        seeds = torch.from_numpy(stable).to(dev)
+        seeds = to_device(stable, dev)
         if not bp.seeded.all():
             draws = torch.randint(0, 2**63 - 1, seeds.shape, dtype=torch.int64, device=dev)
-            seeds = torch.where(torch.from_numpy(bp.seeded).to(dev), seeds, draws)
+            seeds = torch.where(to_device(bp.seeded, dev), seeds, draws)
         return seeds
 
     def _read_back_rows(
@@ -192,7 +193,7 @@ def _token_mask(
     """[B, V] bool: True at (rows[j], t) for each t in rows_tokens[j] (ids outside [0, V) ignored)."""
     flat = [r * vocab + t for r, ts in zip(rows, rows_tokens, strict=True) for t in ts if 0 <= t < vocab]
     mask = torch.zeros(batch * vocab, dtype=torch.bool, device=dev)
-    mask.index_fill_(0, torch.tensor(flat, dtype=torch.int64).to(dev), True)
+    mask.index_fill_(0, to_device(flat, dev, torch.int64), True)
     return mask.view(batch, vocab)
 
 
@@ -200,6 +201,6 @@ def _token_counts(rows_tokens: list[list[int]], batch: int, vocab: int, dev: tor
     """[B, V] float32 counts of each row's tokens (ids outside [0, V) ignored)."""
     flat = [r * vocab + t for r, ts in enumerate(rows_tokens) for t in ts if 0 <= t < vocab]
     counts = torch.zeros(batch * vocab, dtype=torch.float32, device=dev)
-    index = torch.tensor(flat, dtype=torch.int64).to(dev)
+    index = to_device(flat, dev, torch.int64)
     counts.index_add_(0, index, torch.ones(len(flat), dtype=torch.float32, device=dev))
     return counts.view(batch, vocab)
