@@ -244,8 +244,8 @@ class ModelRunner:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
-        src = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([c[1] for c in copies], dtype=torch.int64, device=self.device)
+        src = to_device([c[0] for c in copies], self.device, torch.int64)
+        dst = to_device([c[1] for c in copies], self.device, torch.int64)
         # All layers, K and V, in one indexed copy (the read is materialised before the write).
         self.kv_pool[:, :, dst] = self.kv_pool[:, :, src]
 
