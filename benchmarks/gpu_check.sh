@@ -20,7 +20,10 @@
 #   gpu_e2e       benchmarks/gpu_e2e.py on it, Triton and torch attention, 32 requests of <= 256 prompt
 #                 and 64 output tokens
 #   gpu_e2e_cuda_graphs   the same with enable_cuda_graphs, Triton attention
+#   gpu_e2e_async the same with async_scheduling, Triton attention
 #   host_overhead benchmarks/host_overhead.py, few steps
+#   simulated_device  host_overhead.py --device-ms 5, synchronous and async scheduling (a stand-in device
+#                 thread: what the host leaves idle, independent of this GPU)
 #   gpu_e2e_tp2   tensor parallel 2 (only where >= 2 GPUs; that machine has one, so it reports why not)
 # A failed install or import stops the run: later steps would only report the same missing module.
 # Each step runs under `timeout` with its own limit, cut to what is left of the total budget. Logs and
@@ -208,16 +211,30 @@ if ! wait "$MODEL_PID"; then
 elif ((DRY_RUN)); then
     step gpu_e2e 150 "$PY" benchmarks/gpu_e2e.py --dry-run "${E2E[@]}" --out "$WORK/gpu_e2e.json"
     skip gpu_e2e_cuda_graphs "dry run: CUDA graphs need a GPU"
+    step gpu_e2e_async 150 "$PY" benchmarks/gpu_e2e.py --dry-run "${E2E[@]}" --backends torch \
+        --async-scheduling --out "$WORK/gpu_e2e_async.json"
 else
     step gpu_e2e 100 "$PY" benchmarks/gpu_e2e.py "${E2E[@]}" --out "$WORK/gpu_e2e.json"
     step gpu_e2e_cuda_graphs 60 "$PY" benchmarks/gpu_e2e.py "${E2E[@]}" --backends triton \
         --enable-cuda-graphs --out "$WORK/gpu_e2e_cuda_graphs.json"
+    step gpu_e2e_async 60 "$PY" benchmarks/gpu_e2e.py "${E2E[@]}" --backends triton \
+        --async-scheduling --out "$WORK/gpu_e2e_async.json"
 fi
 if ((DRY_RUN)); then
     step host_overhead 120 "$PY" benchmarks/host_overhead.py --dry-run --out "$WORK/host_overhead.json"
+    for mode in sync async; do
+        flag=$([[ $mode == async ]] && echo --async-scheduling)
+        step "simulated_device_$mode" 120 "$PY" benchmarks/host_overhead.py --dry-run --device-ms 5 $flag \
+            --json "$WORK/simulated_device_$mode.json"
+    done
 else
     step host_overhead 60 "$PY" benchmarks/host_overhead.py --steps 10 --warmup 2 \
         --out "$WORK/host_overhead.json"
+    for mode in sync async; do
+        flag=$([[ $mode == async ]] && echo --async-scheduling)
+        step "simulated_device_$mode" 60 "$PY" benchmarks/host_overhead.py --device-ms 5 --steps 20 \
+            --warmup 2 $flag --json "$WORK/simulated_device_$mode.json"
+    done
 fi
 if ((GPUS < 2)); then
     skip gpu_e2e_tp2 "needs 2 GPUs, this machine has $GPUS"

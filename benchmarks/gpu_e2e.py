@@ -52,6 +52,8 @@ def run(model_dir: Path, jobs, backend: str, a: argparse.Namespace) -> dict:
         extra["enable_cuda_graphs"] = True
     if a.tensor_parallel_size > 1:
         extra["tensor_parallel_size"] = a.tensor_parallel_size
+    if a.async_scheduling:
+        extra["async_scheduling"] = True
     missing = set(extra) - engine_options()
     if missing:
         raise SystemExit(f"this engine has no option {sorted(missing)}")
@@ -94,6 +96,7 @@ def main() -> None:
     p.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     p.add_argument("--enable-cuda-graphs", action="store_true", help="engine option enable_cuda_graphs=True")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--async-scheduling", action="store_true", help="engine option async_scheduling=True")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
     a.device, a.dtype = ("cpu", "float32") if a.dry_run else ("cuda", "bfloat16")

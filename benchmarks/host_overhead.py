@@ -29,6 +29,14 @@ caches, which slows the Python that follows it (a scheduler pass took ~0.1 ms af
 the logits`: bare steps whose sampler argmax is answered from a table of the same answers computed
 beforehand (`host_without_logits_pass_ms`), the host work as a GPU would see it.
 
+With `--device-ms T` it measures instead what a GPU would see (benchmarks/simulated_device.py): the forward
+and the sampler's tensor math become an op of T ms on a background thread that runs while the host goes
+on; `--async-scheduling` turns overlap on. Per scenario ("greedy", "sampled": temperature, top-p, top-k,
+repetition penalty, a seed per request) it prints the mean step time, T and the device's idle fraction,
+and `--json PATH` writes them as a list of {"scenario", "device_ms", "step_ms", "device_idle"} records:
+
+    python benchmarks/host_overhead.py --device-ms 5 --async-scheduling --json /tmp/async5.json
+
 Scenarios (targets from issue 10, on this CPU): 256 running sequences with ~1k-token contexts, greedy
 (< 2 ms/step); the same with temperature, top-p, top-k, repetition penalty and a seed per request (< 3 ms);
 one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/host_overhead-<label>.json.
@@ -162,10 +170,14 @@ class Clock:
 class _TimedSampler:
     def __init__(self, sampler, clock: Clock) -> None:
         self._call = clock.wrap("sample", sampler.__call__)
+        self._launch = clock.wrap("sample", sampler.launch)
         self._inner = sampler
 
     def __call__(self, *args, **kwargs):
         return self._call(*args, **kwargs)
+
+    def launch(self, *args, **kwargs):
+        return self._launch(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -340,6 +352,91 @@ def run_prefill(model_dir: Path, args) -> dict:
     return summarise(clock)
 
 
+def greedy_params(i: int) -> SamplingParams:
+    return SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True)
+
+
+def sampled_params(i: int) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=4000,
+        temperature=0.8,
+        top_p=0.95,
+        top_k=50,
+        repetition_penalty=1.1,
+        seed=1000 + i,
+        ignore_eos=True,
+    )
+
+
+def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], SamplingParams], args) -> dict:
+    """Decode steps of `args.batch` ~1k-token sequences over the simulated device (see the docstring)."""
+    from benchmarks.simulated_device import attach, idle_fraction
+
+    engine = LLMEngine(
+        str(model_dir),
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=args.batch,
+        max_num_batched_tokens=8192,
+        num_kv_blocks=args.batch * 80,
+        enable_prefix_caching=False,
+        attention_backend="torch",
+        async_scheduling=args.async_scheduling,
+    )
+    real = real_token_ids(engine.tokenizer)
+    device = attach(engine, args.device_ms, real.tolist())
+    gen = torch.Generator().manual_seed(1)
+    for i in range(args.batch):
+        n = 900 + int(torch.randint(0, 200, (1,), generator=gen))
+        engine.add_request(
+            f"r{i}", real[torch.randint(0, len(real), (n,), generator=gen)].tolist(), params_for(i)
+        )
+    while engine.stats().num_waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
+        engine.step()  # prefill, in 8192-token chunks
+    for _ in range(args.warmup):
+        engine.step()
+    gc.collect()
+    gc.freeze()
+    busy, t0, c0 = device.busy_s, time.perf_counter(), time.thread_time()
+    for _ in range(args.steps):
+        deltas = engine.step()
+        if len(deltas) != args.batch:
+            raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    gc.unfreeze()
+    device.close()
+    return {
+        "scenario": scenario,
+        "device_ms": args.device_ms,
+        "step_ms": wall / args.steps * 1e3,
+        "device_idle": idle_fraction(device, busy, wall),
+        # The host thread's CPU time per step: its own work, without waiting for the device or a core.
+        "host_cpu_ms": cpu / args.steps * 1e3,
+        "async_scheduling": args.async_scheduling,
+        "batch": args.batch,
+        "steps": args.steps,
+    }
+
+
+def main_simulated(args, model_dir: Path) -> None:
+    records = []
+    for name in args.scenarios.split(","):
+        params_for = {"greedy": greedy_params, "sampled": sampled_params}[name]
+        rec = run_simulated(model_dir, name, params_for, args)
+        records.append(rec)
+        mode = "async" if args.async_scheduling else "sync"
+        print(
+            f"{name:8s} {mode:5s} device {rec['device_ms']:.1f} ms | step {rec['step_ms']:.2f} ms "
+            f"({rec['step_ms'] / rec['device_ms']:.2f} x T) | device idle {rec['device_idle']:.1%} | "
+            f"host CPU {rec['host_cpu_ms']:.2f} ms/step",
+            flush=True,
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=256)
@@ -354,7 +451,14 @@ def main() -> None:
         "--out", type=Path, help="write the JSON here instead of results/host_overhead-<label>.json"
     )
     ap.add_argument("--dry-run", action="store_true", help="16 sequences, 3 steps: only checks that it runs")
+    ap.add_argument("--device-ms", type=float, help="simulate a device taking this long per step (see above)")
+    ap.add_argument(
+        "--async-scheduling", action="store_true", help="with --device-ms: overlap host and device"
+    )
+    ap.add_argument("--json", type=Path, help="with --device-ms: write the records here")
     args = ap.parse_args()
+    if args.device_ms is not None and args.scenarios == ap.get_default("scenarios"):
+        args.scenarios = "greedy,sampled"
     if args.dry_run:
         args.batch, args.steps, args.warmup = 16, 3, 1
     torch.set_num_threads(args.threads)
@@ -363,6 +467,9 @@ def main() -> None:
             Path(tmp) / "m", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=1,
             vocab_size=VOCAB, intermediate_size=64, max_position_embeddings=16384,
         )  # fmt: skip
+        if args.device_ms is not None:
+            main_simulated(args, model_dir)
+            return
         scenarios = {
             "decode_greedy": lambda: run_decode(
                 model_dir, lambda i: SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True), args

@@ -35,7 +35,7 @@ from benchmarks.gemm_baseline import Shape, gemm_baseline, last_level_cache_byte
 
 @dataclass
 class StepRecorder:
-    """Wraps `engine.runner.execute` to log, per step, the rows through the linear layers and the LM head
+    """Wraps `engine.runner.submit` to log, per step, the rows through the linear layers and the LM head
     and the causal key count of attention."""
 
     model_args: object  # engine.models.ModelArgs of the model the engine runs
@@ -46,19 +46,19 @@ class StepRecorder:
     @classmethod
     def attach(cls, engine) -> StepRecorder:
         rec = cls(model_args=engine.runner.model.args)
-        execute = engine.runner.execute
+        submit = engine.runner.submit
 
-        def recording_execute(sched_out, requests, forward=None):
+        def recording_submit(sched_out, forward=None):
             rec.record(sched_out)
-            return execute(sched_out, requests, forward)
+            return submit(sched_out, forward)
 
-        engine.runner.execute = recording_execute
+        engine.runner.submit = recording_submit
         return rec
 
     def record(self, sched_out) -> None:
         t = b = 0
         for s in sched_out.sequences:
-            q, p = len(s.token_ids), s.start_pos
+            q, p = s.num_new_tokens, s.start_pos
             t += q
             b += s.sample  # one LM head row per sampled sequence, forks included
             self.attended_keys += q * p + q * (q + 1) // 2

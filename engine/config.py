@@ -67,6 +67,11 @@ class EngineConfig:
         "continuous", "continuous: iteration-level batching; static: a new batch when the last ends"
     )
     scheduling_policy: Literal["fcfs", "priority"] = knob("fcfs", "which waiting request goes first")
+    async_scheduling: bool = knob(
+        False,
+        "schedule step k+1 while the device runs step k (its sampled ids enter k+1's inputs on the device) "
+        "and turn step k's ids into outputs while k+1 runs; same tokens as without",
+    )
     attention_backend: Literal["auto", "torch", "triton"] = knob(
         "auto", "auto: Triton kernels on CUDA, torch elsewhere"
     )

@@ -12,9 +12,9 @@ this cost ~7 ms at 256 sequences x 1k tokens; here the sequences' fields are rea
     positions:  5 6 7                       9              arange(T) - qsl[seq_of] + start[seq_of]
     slots:      table[row[seq_of], pos // bs] * bs + pos % bs
 
-Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table
-that only grows by the blocks appended since the last step (a row written from the very tuple the block
-manager hands over again is not looked at); a step gathers its rows. The results are written into the
+Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table,
+written by the runner from the scheduler's diffs (the blocks appended since the last step); a step
+gathers its rows. The results are written into the
 host mirrors of device buffers allocated once (on the CPU, the buffers themselves), so the tensors of a
 step of S sequences and T tokens are always views at the same addresses, which CUDA graph replay needs. Padding (`pad_to`) appends decode-like
 sequences with slot -1 (their K/V are not written), position 0, context length 1 and an all-zero block
@@ -23,7 +23,7 @@ table row, so a padded batch computes the same rows for every real sequence.
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
 from operator import add, attrgetter
@@ -32,70 +32,59 @@ import numpy as np
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.core.scheduler_output import ScheduledSequence
 
 
 class BlockTables:
     """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end).
 
-    Each row remembers the block ids written into it, as a tuple. The block manager hands out a new tuple
-    only when a request's table changes (engine/core/block_manager.py), so meeting the same object again
-    (`is`) proves the row up to date: most decode steps, one dict lookup. Otherwise the remembered ids are
-    compared with the new ones: a table that grew gets only its new blocks written, anything else (a
-    preempted request recomputed into other blocks, an id reused by another request) its whole row.
+    The runner owns the rows and writes them from the scheduler's diffs: a request's whole table on its
+    first step and after a preemption (`set`), otherwise only the blocks appended since (`append`: one
+    scalar write every block_size decode steps, nothing on the others).
     """
 
     def __init__(self, rows: int = 64, width: int = 64) -> None:
         self.table = np.zeros((rows, width), dtype=np.int32)
-        # request id -> (its row, the block ids written there). A list given to row_for is kept as a
-        # tuple copy (never `is` the next list: compared by content each time).
-        self.written: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self.row_of: dict[str, int] = {}  # request id -> its row
+        self._len: dict[str, int] = {}  # request id -> block ids written in its row
         self._free = list(range(rows - 1, -1, -1))
 
     @property
     def rows(self) -> dict[str, int]:
         """request id -> its row."""
-        return {request_id: row for request_id, (row, _) in self.written.items()}
+        return dict(self.row_of)
 
-    def row_for(self, request_id: str, block_ids: Sequence[int]) -> int:
-        """The request's row, holding `block_ids` after this call."""
-        written = self.written.get(request_id)
-        if written is None:
-            row = self._take()
-            self._write(row, 0, block_ids)
+    def set(self, request_id: str, block_ids: Sequence[int]) -> int:
+        """The request's row, holding exactly `block_ids` (a new row for a new id)."""
+        row = self.row_of.get(request_id)
+        if row is None:
+            row = self.row_of[request_id] = self._take()
         else:
-            row, old = written
-            if old is block_ids:
-                return row
-            known = len(old)
-            if len(block_ids) >= known and tuple(block_ids[:known]) == old:
-                self._write(row, known, block_ids)  # grew (or the same ids in a new object)
-            else:
-                self.table[row, :known] = 0
-                self._write(row, 0, block_ids)
-        self.written[request_id] = (row, block_ids if type(block_ids) is tuple else tuple(block_ids))
+            self.table[row, : self._len[request_id]] = 0
+        self._write(row, 0, block_ids)
+        self._len[request_id] = len(block_ids)
         return row
 
+    def append(self, request_id: str, block_ids: Sequence[int]) -> None:
+        """Append `block_ids` to the request's row."""
+        known = self._len[request_id]
+        self._write(self.row_of[request_id], known, block_ids)
+        self._len[request_id] = known + len(block_ids)
+
     def _write(self, row: int, start: int, block_ids: Sequence[int]) -> None:
-        """Write block_ids[start:] into the row (its first `start` entries already hold block_ids[:start])."""
-        n = len(block_ids)
+        """Write block_ids at columns start, start + 1, ... of the row."""
+        n = start + len(block_ids)
         if n > self.table.shape[1]:
             self._grow(width=max(n, 2 * self.table.shape[1]))
         if n == start + 1:  # one block appended: the common case, a scalar write
-            self.table[row, start] = block_ids[start]
+            self.table[row, start] = block_ids[0]
         elif n > start:
-            self.table[row, start:n] = block_ids[start:]
+            self.table[row, start:n] = block_ids
 
     def release(self, request_id: str) -> None:
-        written = self.written.pop(request_id, None)
-        if written is not None:
-            row, old = written
-            self.table[row, : len(old)] = 0
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self.table[row, : self._len.pop(request_id)] = 0
             self._free.append(row)
-
-    def release_all_but(self, alive: Container[str]) -> None:
-        for request_id in [r for r in self.written if r not in alive]:
-            self.release(request_id)
 
     def _take(self) -> int:
         if not self._free:
@@ -117,7 +106,9 @@ class DeviceBuffers:
     Sizes grow (new addresses) when a step needs more, unless `frozen` (CUDA graphs captured), then it raises.
     Each buffer has a host-side numpy mirror (`host[name]`) that prepare() writes into; `upload` then gives
     the device view. On the CPU the mirror is the buffer itself (a numpy view of the same memory): no copy.
-    Elsewhere it is pinned host memory, copied over by `upload`.
+    Elsewhere it is pinned host memory, copied over by `upload` without waiting for the device (a blocking
+    copy would wait for every step queued before it, which async scheduling must not); before the mirrors
+    are written again, `host_free()` waits for the last step's copies only (an event after them).
     """
 
     NAMES = (
@@ -133,6 +124,7 @@ class DeviceBuffers:
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
         self.device = device
         self.frozen = False
+        self._uploaded: torch.cuda.Event | None = None  # recorded after the last step's copies
         self._alloc(max_tokens, max_seqs, max_blocks)
 
     def _alloc(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
@@ -159,8 +151,20 @@ class DeviceBuffers:
         prepare() wrote into `host[name][:n]`."""
         view = getattr(self, name)[:n]
         if not self.on_host:
-            view.copy_(torch.from_numpy(self.host[name][:n]))
+            view.copy_(torch.from_numpy(self.host[name][:n]), non_blocking=True)
         return view if shape is None else view.view(shape)
+
+    def uploaded(self) -> None:
+        """The step's copies are queued: mark them, so that host_free() can wait for them."""
+        if not self.on_host and self.device.type == "cuda":
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+
+    def host_free(self) -> None:
+        """Wait until the last step's copies have read the host mirrors (nothing to wait for on the CPU)."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+            self._uploaded = None
 
     def fit(self, tokens: int, seqs: int, blocks: int) -> None:
         if tokens <= self.max_tokens and seqs <= self.max_seqs and blocks <= self.max_blocks:
@@ -180,16 +184,34 @@ class DeviceBuffers:
         return view
 
 
-# The columns prepare() reads from each ScheduledSequence, all at once in C.
-_COLUMNS = attrgetter("request_id", "token_ids", "start_pos", "block_ids", "sample")
+@dataclass(slots=True)
+class SequenceLayout:
+    """One sequence of a step as the runner lays it out (built from its own request state)."""
+
+    request_id: str
+    # The tokens whose KV this step computes (a placeholder id where the host does not know it yet).
+    token_ids: list[int]
+    start_pos: int
+    # Its whole block table, written into its row by prepare(); None when the runner already wrote the row.
+    block_ids: Sequence[int] | None
+    sample: bool
+    fork_of: str | None = None  # a fork (no tokens) samples from this request's last row
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + len(self.token_ids)
 
 
-def _columns(seqs: list[ScheduledSequence]) -> tuple[tuple, ...]:
-    """(request ids, token id lists, start positions, block tables, sample flags), one tuple each."""
-    return tuple(zip(*map(_COLUMNS, seqs), strict=True)) if seqs else ((), (), (), (), ())
+# The columns prepare() reads from each SequenceLayout, all at once in C.
+_COLUMNS = attrgetter("request_id", "token_ids", "start_pos", "sample")
 
 
-def _fork_sample_rows(seqs: list[ScheduledSequence]) -> tuple[list[str], list[int]]:
+def _columns(seqs: list[SequenceLayout]) -> tuple[tuple, ...]:
+    """(request ids, token id lists, start positions, sample flags), one tuple each."""
+    return tuple(zip(*map(_COLUMNS, seqs), strict=True)) if seqs else ((), (), (), ())
+
+
+def _fork_sample_rows(seqs: list[SequenceLayout]) -> tuple[list[str], list[int]]:
     """(ids of the sampled sequences, the flat row of the logits each samples from) for a step with forks:
     a fork has no tokens of its own and samples from its parent's last row."""
     last_row: dict[str, int] = {}
@@ -237,36 +259,29 @@ class InputBatch:
 
     def prepare(
         self,
-        seqs: list[ScheduledSequence],
-        alive: Container[str] | None = None,
+        seqs: list[SequenceLayout],
         pad_to: int | None = None,
         full_width: bool = False,
-        preempted: Sequence[str] = (),
     ) -> PreparedStep:
-        """Lay out `seqs`. alive: the ids of the unfinished requests (rows of the others are freed).
-        preempted: ids whose blocks were freed.
+        """Lay out `seqs`; their block table rows are `tables`' (written first from `block_ids` where given).
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
         bs = self.block_size
         tables = self.tables
-        if alive is not None:
-            tables.release_all_but(alive)
-        for request_id in preempted:
-            tables.release(request_id)
-        rids, toks, starts, blocks, samples = _columns(seqs)
+        self.buffers.host_free()
+        for s in seqs:
+            if s.block_ids is not None:
+                tables.set(s.request_id, s.block_ids)
+        rids, toks, starts, samples = _columns(seqs)
         qlens = list(map(len, toks))
         forked = None
         if 0 in qlens:  # forks: they sample, but have no tokens to lay out
             forked = _fork_sample_rows(seqs)
-            rids, toks, starts, blocks, samples = _columns([s for s in seqs if s.token_ids])
+            rids, toks, starts, samples = _columns([s for s in seqs if s.token_ids])
             qlens = list(map(len, toks))
         ids = list(chain.from_iterable(toks))
-        # BlockTables.row_for, inlined for its common case: the row was written from this very tuple.
-        written, row_for = tables.written.get, tables.row_for
-        rows = [
-            w[0] if (w := written(rid)) is not None and w[1] is b else row_for(rid, b)
-            for rid, b in zip(rids, blocks, strict=True)
-        ]
+        row_of = tables.row_of
+        rows = [row_of[rid] for rid in rids]
 
         num_real, real_tokens = len(qlens), len(ids)
         decode_only = real_tokens == num_real  # one token per sequence
@@ -340,7 +355,7 @@ class InputBatch:
             query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens),
             seq_lens_cpu=seq_lens_cpu,
         )
-        return PreparedStep(
+        step = PreparedStep(
             input_ids=up("input_ids", num_tokens),
             positions=up("positions", num_tokens),
             meta=meta,
@@ -348,3 +363,5 @@ class InputBatch:
             sample_ids=sample_ids,
             num_padded_seqs=pad,
         )
+        buf.uploaded()
+        return step

@@ -10,24 +10,25 @@ No policy here: what runs, where its KV lives and which blocks are copied all co
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 import torch
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
-from engine.core.request import Request
 from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.cuda_graphs import CudaGraphs, batch_buckets, bucket_for
 from engine.device import DeviceBinding
 from engine.distributed.step_message import StepInputs
-from engine.input_batch import InputBatch
+from engine.input_batch import InputBatch, SequenceLayout
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import ModelSpec
 from engine.models.generic.checks import refuse_cuda_graphs
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
-from engine.sampler import TokenSampler
+from engine.request_state import RequestState
+from engine.sampler import SampledIds, TokenSampler
+from engine.sampling.host_to_device import to_device
 from engine.sampling.make_sampler import make_sampler
 
 # One step's forward on every rank: the runner's own (one process), or the executor's, which sends the
@@ -88,39 +89,115 @@ class ModelRunner:
         if enable_cuda_graphs:
             self.graphs = CudaGraphs(model, self.kv_caches, self.batch, self.buckets, max_model_len)
             self.graphs.capture()
-        # Seconds of the last step: model forward + logits, and the whole execute() call.
+        # Seconds of the last step: model forward + logits (on CUDA the launch only: nothing waits for the
+        # device before the sampled ids), and the whole submit() call.
         self.last_forward_seconds = 0.0
         self.last_step_seconds = 0.0
+        # Each request's state, owned here: made from the scheduler's NewRequest, grown by sampled ids.
+        self.states: dict[str, RequestState] = {}
+        # The last step whose sampled ids are not in `states` yet.
+        self._unfolded: PendingOutput | None = None
 
-    def execute(
-        self, sched_out: SchedulerOutput, requests: Mapping[str, Request], forward: Forward | None = None
-    ) -> RunnerOutput:
-        """`forward`: how the prepared step runs (default: here only; see engine/distributed/executor.py)."""
+    def execute(self, sched_out: SchedulerOutput, forward: Forward | None = None) -> RunnerOutput:
+        """Run one step and wait for its sampled ids."""
+        return self.submit(sched_out, forward).result()
+
+    def submit(self, sched_out: SchedulerOutput, forward: Forward | None = None) -> PendingOutput:
+        """Run one step as far as the device allows without waiting for it; `result()` on the returned
+        handle waits for its sampled ids. With a step still unread (async scheduling), that step's ids
+        enter this one's inputs on the device (placeholders), and are folded into the request states
+        before this step samples (its penalties, seeds and grammar masks see them). `forward`: how the
+        prepared step runs (default: here only; see engine/distributed/executor.py)."""
         t0 = time.perf_counter()
         self._binding.bind()
         run = forward or self.forward
+        last = self._unfolded
+        if last is not None and last.is_read:
+            self._fold()  # synchronous scheduling: the engine has read it already
+        self._apply(sched_out)
         if sched_out.is_empty:
             empty = self.batch.buffers.input_ids[:0]
             run(StepInputs(empty, empty, None, empty, sched_out.block_copies))
-            return RunnerOutput(sampled_token_ids={})
-        input_ids, positions, meta, sample_rows, sample_ids = self.prepare(
-            sched_out.sequences, requests, sched_out.preempted_ids
-        )
+            self._fold()
+            return PendingOutput.done(RunnerOutput(sampled_token_ids={}))
+        layouts, placeholders = self._layouts(sched_out.sequences)
+        input_ids, positions, meta, sample_rows, sample_ids = self.prepare(layouts)
+        if placeholders:
+            assert self._unfolded is not None
+            self._fill_placeholders(input_ids, placeholders, self._unfolded)
         t1 = time.perf_counter()
         logits = run(StepInputs(input_ids, positions, meta, sample_rows, sched_out.block_copies))
         t2 = time.perf_counter()
+        self._fold()
         if logits is None:
-            out = RunnerOutput(sampled_token_ids={})
+            handle = PendingOutput.done(RunnerOutput(sampled_token_ids={}))
         else:
+            states = self.states
             with torch.inference_mode():
-                result = self.sampler(logits, [requests[r] for r in sample_ids])
-            out = RunnerOutput(
-                sampled_token_ids=dict(zip(sample_ids, result.token_ids, strict=True)),
-                logprobs={r: lp for r, lp in zip(sample_ids, result.logprobs, strict=True) if lp is not None},
-            )
+                sampled = self.sampler.launch(logits, [states[r] for r in sample_ids])
+            handle = PendingOutput(sample_ids, sampled)
+            self._unfolded = handle
         self.last_forward_seconds = t2 - t1
         self.last_step_seconds = time.perf_counter() - t0
-        return out
+        return handle
+
+    def _apply(self, sched_out: SchedulerOutput) -> None:
+        """The scheduler's diff: forget finished requests, free preempted rows, meet new requests."""
+        states, tables = self.states, self.batch.tables
+        for request_id in sched_out.finished_ids:
+            states.pop(request_id, None)
+            tables.release(request_id)
+        for request_id in sched_out.preempted_ids:
+            tables.release(request_id)  # the state stays: it resumes from its own tokens
+        for new in sched_out.new_requests:
+            states[new.request_id] = RequestState(new)
+
+    def _layouts(self, seqs: list[ScheduledSequence]) -> tuple[list[SequenceLayout], list[tuple[int, str]]]:
+        """Each sequence's tokens from the runner's own state, its block table row updated from the diff.
+        Also (flat index in input_ids, request id) of each token the host does not know yet: the last
+        sampled token of a request whose step is still in flight."""
+        states, tables = self.states, self.batch.tables
+        out: list[SequenceLayout] = []
+        add = out.append
+        placeholders: list[tuple[int, str]] = []
+        flat = 0
+        for seq in seqs:
+            rid, start, n = seq.request_id, seq.start_pos, seq.num_new_tokens
+            if seq.whole_table:
+                tables.set(rid, seq.new_block_ids)
+            elif seq.new_block_ids:
+                tables.append(rid, seq.new_block_ids)
+            tokens = states[rid].token_ids()
+            end = start + n
+            if end > len(tokens):  # only a decode of the token the step in flight samples
+                placeholders.append((flat + n - 1, rid))
+                add(SequenceLayout(rid, [*tokens[start : end - 1], 0], start, None, seq.sample, seq.fork_of))
+            else:
+                add(SequenceLayout(rid, tokens[start:end], start, None, seq.sample, seq.fork_of))
+            flat += n
+        return out, placeholders
+
+    def _fill_placeholders(
+        self, input_ids: torch.Tensor, placeholders: list[tuple[int, str]], last: PendingOutput
+    ) -> None:
+        """input_ids[i] = the id the step in flight samples for the request, on the device (no host read)."""
+        assert last.sampled is not None
+        index = {rid: i for i, rid in enumerate(last.sample_ids)}
+        dev = input_ids.device
+        at = to_device([i for i, _ in placeholders], dev, torch.int64)
+        src = to_device([index[r] for _, r in placeholders], dev, torch.int64)
+        input_ids[at] = last.sampled.tokens()[src]
+
+    def _fold(self) -> None:
+        """Append the last unread step's sampled ids to the request states (waits for them)."""
+        last, self._unfolded = self._unfolded, None
+        if last is None:
+            return
+        states = self.states
+        for rid, token in last.result().sampled_token_ids.items():
+            state = states.get(rid)
+            if state is not None:  # finished since
+                state.append(token)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """The step every rank runs: forward, logits of the sampled rows, block copies.
@@ -137,17 +214,12 @@ class ModelRunner:
             logits = (
                 self.model.compute_logits(hidden[inputs.sample_rows]) if inputs.sample_rows.numel() else None
             )
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
             # After the forward: a fork's copy of its parent's last block must include this step's KV.
             self.copy_blocks(inputs.block_copies)
         return logits
 
     def prepare(
-        self,
-        seqs: list[ScheduledSequence],
-        requests: Mapping[str, Request] | None = None,
-        preempted: Sequence[str] = (),
+        self, seqs: list[SequenceLayout]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[str]]:
         """Host-side layout of one step: (input_ids [T], positions [T], metadata, sample_rows [B], ids [B]).
 
@@ -156,15 +228,43 @@ class ModelRunner:
         pad_to = None
         if self.pad_decode_batches and all(len(s.token_ids) == 1 for s in seqs):
             pad_to = bucket_for(sum(1 for s in seqs if s.token_ids), self.buckets)
-        step = self.batch.prepare(
-            seqs, alive=requests, pad_to=pad_to, full_width=self.graphs is not None, preempted=preempted
-        )
+        step = self.batch.prepare(seqs, pad_to=pad_to, full_width=self.graphs is not None)
         return step.input_ids, step.positions, step.meta, step.sample_rows, step.sample_ids
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
-        src = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([c[1] for c in copies], dtype=torch.int64, device=self.device)
+        src = to_device([c[0] for c in copies], self.device, torch.int64)
+        dst = to_device([c[1] for c in copies], self.device, torch.int64)
         # All layers, K and V, in one indexed copy (the read is materialised before the write).
         self.kv_pool[:, :, dst] = self.kv_pool[:, :, src]
+
+
+class PendingOutput:
+    """A step's RunnerOutput once its sampled ids are read; `result()` waits for them (once)."""
+
+    def __init__(self, sample_ids: list[str], sampled: SampledIds | None) -> None:
+        self.sample_ids = sample_ids  # [B] request ids, in the order of the sampled rows
+        self.sampled = sampled
+        self._out: RunnerOutput | None = None
+
+    @classmethod
+    def done(cls, out: RunnerOutput) -> PendingOutput:
+        pending = cls([], None)
+        pending._out = out
+        return pending
+
+    @property
+    def is_read(self) -> bool:
+        return self._out is not None
+
+    def result(self) -> RunnerOutput:
+        if self._out is None:
+            assert self.sampled is not None
+            result = self.sampled.read()
+            ids = self.sample_ids
+            self._out = RunnerOutput(
+                sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
+                logprobs={r: lp for r, lp in zip(ids, result.logprobs, strict=True) if lp is not None},
+            )
+        return self._out

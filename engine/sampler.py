@@ -25,14 +25,15 @@ comprehensions over the batch (output lengths, last tokens), not a rebuild of ea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from engine.core.request import Request
 from engine.outputs import TokenLogprobs
+from engine.request_state import SamplingRequest as Request
 from engine.sampling.argmax import argmax_rows
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.noise import row_seeds
@@ -50,8 +51,44 @@ class SamplerResult:
     logprobs: list[TokenLogprobs | None]
 
 
+class SampledIds:
+    """One step's sampled ids as the device holds them, read by the host only when it needs them.
+
+    `tokens()`: [B] int64 on the device (the next step's input ids take them from here, async scheduling);
+    `read()`: the step's one device-to-host transfer, done once (ids, and logprobs when asked)."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor | None,
+        read: Callable[[], SamplerResult],
+        device: torch.device | None = None,
+    ) -> None:
+        self._tokens, self._read, self._device = tokens, read, device
+        self._result: SamplerResult | None = None
+
+    @classmethod
+    def ready(cls, result: SamplerResult, device: torch.device) -> SampledIds:
+        """Ids the host already holds (the CPU sampler): tokens() is built from them when asked."""
+        done = cls(None, lambda: result, device)
+        done._result = result
+        return done
+
+    def tokens(self) -> torch.Tensor:
+        if self._tokens is None:
+            self._tokens = torch.tensor(self.read().token_ids, dtype=torch.int64).to(self._device)
+        return self._tokens
+
+    def read(self) -> SamplerResult:
+        if self._result is None:
+            self._result = self._read()
+        return self._result
+
+
 class TokenSampler(Protocol):
-    """What the model runner calls once per step: one token (and optional logprobs) per row of logits."""
+    """What the model runner calls once per step: one token (and optional logprobs) per row of logits.
+    `launch` queues the work and returns at once where the device allows; `__call__` is launch + read."""
+
+    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds: ...
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult: ...
 
@@ -79,6 +116,10 @@ class Sampler:
         """The rows' parameters, reused while the batch is the same list of request objects."""
         self._params = BatchParams.reuse(self._params, requests, self.vocab_size)
         return self._params
+
+    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
+        """Written for the host: the ids are computed (and read) here."""
+        return SampledIds.ready(self(logits, requests), logits.device)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
         logits = vocab_logits(logits, len(requests), self.vocab_size)  # [B, V], maybe a view of the input

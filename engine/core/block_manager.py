@@ -6,8 +6,7 @@ table    [    7      ][     2     ][    9     ]     full blocks 7, 2 are hashed:
                                                   h2 = H(h7, t4..t7); block 9 is partial, never hashed.
 
 A table is an immutable tuple, replaced by a new one only when blocks are appended (one decode step in
-block_size): the scheduler hands the same object to the runner step after step without copying it, and
-the runner knows its row is up to date when it sees the object it wrote last time (`is`).
+block_size); the scheduler sends the runner only the blocks appended since the last step (a slice of it).
 """
 
 from __future__ import annotations
@@ -53,7 +52,8 @@ class KVBlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._hash_fn = hash_fn
-        # request id -> its block table (a new tuple whenever blocks are appended; see the module docstring).
+        # request id -> its block table (a new tuple whenever blocks are appended). The dict itself is never
+        # replaced: the scheduler keeps a reference to it.
         self.tables: dict[str, tuple[int, ...]] = {}
         # Chain hashes of the request's full blocks, computed once per block (kept while it has a table
         # or sits at the head of the waiting queue).

@@ -62,6 +62,12 @@ class Request:
     num_cached_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    # Tokens scheduled to be sampled whose ids are not back yet (async scheduling: the step in flight).
+    num_output_placeholders: int = 0
+    # Whether the runner holds this request's state, and how many of its blocks it has been told about
+    # (0: the next step sends the whole table).
+    sent_to_runner: bool = False
+    num_blocks_sent: int = 0
     # prompt + output as one list, extended in place by append_output_token (see token_ids()).
     _token_ids: list[int] | None = field(default=None, init=False, repr=False)
     # Set by the scheduler when the request is added (None: not known yet, check_stop every step).

@@ -19,7 +19,7 @@ from engine.core.finish_rules import StopTriggers, check_stop
 from engine.core.fork_waitlist import ForkWaitlist
 from engine.core.request import Request, RequestStatus
 from engine.core.request_queue import make_queue
-from engine.core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from engine.core.scheduler_output import NewRequest, RunnerOutput, ScheduledSequence, SchedulerOutput
 from engine.errors import RejectReason, RequestRejected
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
@@ -45,6 +45,7 @@ class Scheduler:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.kv = KVBlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self._tables = self.kv.tables  # the block manager's dict (never replaced), read per request per step
         # Every unfinished request by id (the runner reads sampling parameters from here).
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.policy)
@@ -57,6 +58,8 @@ class Scheduler:
         # several steps. Group ids, so that the samples of an n > 1 request stay in their batch.
         self._static_batch: set[str] = set()
         self.num_preemptions = 0
+        # Ids the runner holds that finished since the last schedule() (it drops their state).
+        self._finished_ids: list[str] = []
 
     # ------------------------------------------------------------------ requests
 
@@ -130,31 +133,24 @@ class Scheduler:
         running = self.running
         was_running = bool(running)
 
-        # Running requests, most of them decoding: the per-request work is inlined here (it runs 256 times a
-        # step at full batch). A request whose table already holds its tokens skips the allocator.
-        tables = self.kv.tables
-        block_size = self.kv.block_size
-        add = step.sequences.append
-        forks = None if step.no_forks else self.forks
+        # Running requests, most of them decoding; a request whose table already holds its tokens skips
+        # the allocator.
+        has_room = self.kv.has_room
         for request in running:  # preemption pops from the back, which this loop has not reached
             if budget <= 0:
                 break
-            rid = request.request_id
-            tokens = request.token_ids()
             start = request.num_computed_tokens
-            end = len(tokens)
-            if end - start > budget:
-                end = start + budget
-            table = tables.get(rid)
-            if table is None or len(table) * block_size < end:
-                if not self._allocate_or_preempt(request, end - start, step):
-                    break  # it was the last one, and preempted itself
-                table = tables[rid]
-            sample = end == len(tokens)
-            add(ScheduledSequence(rid, tokens[start:end], start, table, sample))
-            if sample and forks is not None and forks.num_siblings(request):
-                self._fork(request, step)
-            budget -= end - start
+            pending = request.num_output_placeholders
+            if pending and _at_limit(request, pending):
+                continue  # the step in flight returns its last token, and finishes it
+            total = len(request.prompt_token_ids) + len(request.output_token_ids) + pending
+            n = min(total - start, budget)
+            if not has_room(request.request_id, start + n) and not self._allocate_or_preempt(
+                request, n, step
+            ):
+                break  # it was the last one, and preempted itself
+            self._schedule(request, n, total, step)
+            budget -= n
 
         static = cfg.scheduling == "static"
         if static and not was_running:
@@ -174,7 +170,7 @@ class Scheduler:
             request.num_computed_tokens = request.num_cached_tokens = cached.num_tokens
             self._add_running(request)
             num_seqs += 1 + self.forks.num_siblings(request)
-            self._schedule(request, n, step)
+            self._schedule(request, n, request.num_tokens, step)
             budget -= n
 
         for sibling in step.forked:
@@ -182,18 +178,22 @@ class Scheduler:
         for sibling in reversed(step.unforked):
             sibling.status = RequestStatus.WAITING
             self.waiting.add_front(sibling)
+        finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(
             sequences=step.sequences,
             num_batched_tokens=cfg.max_num_batched_tokens - budget,
+            new_requests=step.new_requests,
             block_copies=step.copies,
             preempted_ids=step.preempted,
+            finished_ids=finished,
         )
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput
     ) -> list[Request]:
-        """Advance computed tokens, append samples, decide who finished. Returns, in batch order, the
-        requests that got a token this step (finished ones included; they already left `running`)."""
+        """Append samples, decide who finished. Returns, in batch order, the requests that got a token this
+        step (finished ones included; they already left `running`). A request preempted after this step was
+        scheduled (async scheduling) still gets its token; one finished or aborted since does not."""
         sampled = runner_output.sampled_token_ids
         updated: list[Request] = []
         add = updated.append
@@ -204,14 +204,14 @@ class Scheduler:
         for seq in scheduler_output.sequences:
             rid = seq.request_id
             request = requests.get(rid)
-            if request is None or request.status is not _RUNNING:
-                continue  # aborted or finished from outside after this step was scheduled
-            request.num_computed_tokens = seq.start_pos + len(seq.token_ids)
+            if request is None:
+                continue  # finished (or aborted) after this step was scheduled
             if not seq.sample:
                 if cache_blocks:
                     self.kv.cache_full_blocks(request)
                 continue
             token = sampled[rid]
+            request.num_output_placeholders -= 1
             request.append_output_token(token)
             if cache_blocks:
                 self.kv.cache_full_blocks(request)
@@ -286,22 +286,28 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule(self, request: Request, n: int, step: _Step) -> None:
-        """Admission of a waiting request (running ones are scheduled inline in schedule())."""
+    def _schedule(self, request: Request, n: int, total: int, step: _Step) -> None:
+        """Schedule the next n of the `total` tokens (placeholders included) of a request whose table
+        holds them (running or just admitted).
+
+        Its computed tokens advance now (vLLM's rule), so that with async scheduling the next step can be
+        scheduled before this one's sampled token is back: that token is then a placeholder."""
         start = request.num_computed_tokens
-        tokens = request.token_ids()
-        sample = start + n == len(tokens)
-        step.sequences.append(
-            ScheduledSequence(
-                request.request_id,
-                tokens[start : start + n],
-                start,
-                self.kv.block_ids(request.request_id),
-                sample,
-            )
-        )
-        if sample and not step.no_forks and self.forks.num_siblings(request):
-            self._fork(request, step)
+        end = start + n
+        sample = end == total
+        rid = request.request_id
+        table = self._tables[rid]
+        sent = request.num_blocks_sent
+        if not request.sent_to_runner:
+            request.sent_to_runner = True
+            step.new_requests.append(_new_request(request))
+        step.sequences.append(ScheduledSequence(rid, n, start, table[sent:], sample, sent == 0))
+        request.num_blocks_sent = len(table)
+        request.num_computed_tokens = end
+        if sample:
+            request.num_output_placeholders += 1
+            if not step.no_forks and self.forks.num_siblings(request):
+                self._fork(request, step)
 
     def _fork(self, parent: Request, step: _Step) -> None:
         """Siblings sample from the parent's last logits this step; those without a slot or a block fall
@@ -317,18 +323,18 @@ class Scheduler:
                 continue
             free_slots -= 1
             sibling.status = _RUNNING
+            sibling.sent_to_runner = True
             step.copies.extend(fork.block_copies)
             step.forked.append(sibling)
+            step.new_requests.append(_new_request(sibling))
+            table = self.kv.tables[sibling.request_id]
+            start = parent.num_prompt_tokens
             step.sequences.append(
-                ScheduledSequence(
-                    request_id=sibling.request_id,
-                    token_ids=[],
-                    start_pos=parent.num_prompt_tokens,
-                    block_ids=self.kv.block_ids(sibling.request_id),
-                    sample=True,
-                    fork_of=parent.request_id,
-                )
+                ScheduledSequence(sibling.request_id, 0, start, table, True, True, parent.request_id)
             )
+            sibling.num_blocks_sent = len(table)
+            sibling.num_computed_tokens = start
+            sibling.num_output_placeholders += 1
 
     def _add_running(self, request: Request) -> None:
         if self.config.policy == "priority":
@@ -340,6 +346,7 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_blocks_sent = 0  # the runner gets its whole new table when it resumes
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_front(request)
@@ -366,6 +373,8 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
+        if request.sent_to_runner:
+            self._finished_ids.append(request.request_id)
         self._release_forks(request)
 
 
@@ -374,6 +383,7 @@ class _Step:
     """What one schedule() call has decided so far."""
 
     sequences: list[ScheduledSequence] = field(default_factory=list)
+    new_requests: list[NewRequest] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     # Siblings forked in this step: they join `running` after the step is built.
@@ -382,3 +392,19 @@ class _Step:
     unforked: list[Request] = field(default_factory=list)
     # No sibling waits for a fork (true in most steps; none can be added while the step is built).
     no_forks: bool = False
+
+
+def _new_request(request: Request) -> NewRequest:
+    return NewRequest(
+        request.request_id,
+        request.prompt_token_ids,
+        request.params,
+        request.sample_index,
+        list(request.output_token_ids),
+    )
+
+
+def _at_limit(request: Request, pending: int) -> bool:
+    """With `pending` sampled tokens not back yet: whether they already reach its max_tokens or context."""
+    triggers = request.stop_triggers
+    return triggers is not None and len(request.output_token_ids) + pending >= triggers.num_outputs

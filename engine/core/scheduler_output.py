@@ -1,13 +1,33 @@
-"""The typed contract between the scheduler (policy) and the model runner (execution).
+"""The typed contract between the scheduler (policy) and the model runner (execution): diffs, as vLLM V1's.
 
 `Scheduler.schedule() -> SchedulerOutput`; the runner executes it and returns `RunnerOutput`;
 `Scheduler.update_from_output(scheduler_output, runner_output)` appends tokens and decides who finished.
-Plain Python values only: no tensors cross this boundary.
+
+A request reaches the runner once, as a `NewRequest` (prompt, parameters, tokens it already has); the runner
+keeps its own copy of each request's state (engine/request_state.py) and appends the ids it samples. After
+that a step names, per scheduled sequence, only what changed: how many tokens from which position, the
+blocks appended since the runner last heard (the whole table on the first step and after preemption),
+whether a token is sampled. Finished and preempted ids tell the runner what to drop. Plain Python values
+only: no tensors, and no scheduler object crosses this boundary.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """Everything the runner keeps about a request, sent on its first scheduled step."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams  # the structured-output spec is params.grammar_spec
+    sample_index: int
+    # Tokens it had already generated (a request resumed from another worker); a copy.
+    output_token_ids: list[int]
 
 
 @dataclass(slots=True)
@@ -18,28 +38,26 @@ class ScheduledSequence:
     a plain one (~1.0 us against ~0.5 us, 0.13 ms per step at 256 requests)."""
 
     request_id: str
-    # Token ids whose KV is computed this step: token_ids()[start_pos : start_pos + len(token_ids)].
-    # Empty only for a fork (`fork_of` set): the sequence reuses its parent's KV and logits.
-    token_ids: list[int]
-    # Absolute position of token_ids[0] (== num_computed_tokens before this step).
+    # Tokens whose KV is computed this step: token_ids()[start_pos : start_pos + num_new_tokens] of the
+    # runner's copy. 0 only for a fork (`fork_of` set): it reuses its parent's KV and logits. With async
+    # scheduling the last of them may be the token the step in flight samples (a placeholder).
+    num_new_tokens: int
+    # Absolute position of the first of them (== num_computed_tokens before this step).
     start_pos: int
-    # The sequence's whole block table after this step's allocation: the block manager's own immutable
-    # tuple, the same object from step to step until a block is appended (the runner relies on that to
-    # skip rewriting its row; see engine/core/block_manager.py). A list works too, compared by value.
-    block_ids: tuple[int, ...] | list[int]
+    # Block ids appended to the request's table since the runner last heard of it, in order; the whole
+    # table when `whole_table`.
+    new_block_ids: tuple[int, ...]
     # True when this chunk reaches the end of the known tokens, so a next token is sampled.
     sample: bool
+    # new_block_ids is the request's whole table: its first step, or its first since a preemption.
+    whole_table: bool = False
     # For the first step of an n > 1 sibling: the request whose last logits row this one samples from.
     fork_of: str | None = None
 
     @property
-    def num_new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
     def context_len(self) -> int:
         """Tokens of context after this step (cached + new)."""
-        return self.start_pos + len(self.token_ids)
+        return self.start_pos + self.num_new_tokens
 
 
 @dataclass(frozen=True)
@@ -47,11 +65,15 @@ class SchedulerOutput:
     # In batch order: the runner lays out tokens in this order and returns samples in this order.
     sequences: list[ScheduledSequence]
     num_batched_tokens: int
+    # Requests the runner meets for the first time in this step (their sequences are in `sequences`).
+    new_requests: list[NewRequest] = field(default_factory=list)
     # (src_block, dst_block) copies the runner performs AFTER this step's forward (copy-on-write of a
     # partly filled last block when an n > 1 group forks).
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     # Requests preempted in this step (their blocks were freed; they will be recomputed).
     preempted_ids: list[str] = field(default_factory=list)
+    # Requests the runner knows that finished (or were aborted) since the last SchedulerOutput.
+    finished_ids: list[str] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -60,7 +82,7 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """What the model runner returns for one step."""
+    """What the model runner returns for one step: sampled ids, and logprobs where asked. Nothing else."""
 
     # request_id -> sampled token id, only for sequences scheduled with sample=True.
     sampled_token_ids: dict[str, int]

@@ -11,15 +11,13 @@ receive the inputs and call their runner's forward (rank_process.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
-from engine.core.request import Request
-from engine.core.scheduler_output import RunnerOutput, SchedulerOutput
+from engine.core.scheduler_output import SchedulerOutput
 from engine.distributed.step_message import StepInputs
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, PendingOutput
 
 if TYPE_CHECKING:  # rank_processes spawns rank_process, which imports the runner
     from engine.distributed.rank_processes import RankProcesses
@@ -30,9 +28,10 @@ class Executor:
         self.runner = runner
         self.ranks = ranks
 
-    def execute(self, sched_out: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
+    def submit(self, sched_out: SchedulerOutput) -> PendingOutput:
+        """The runner's submit (a handle on the step's sampled ids), its forward run on every rank."""
         forward = self.runner.forward if self.ranks is None else self._forward_on_every_rank
-        return self.runner.execute(sched_out, requests, forward)
+        return self.runner.submit(sched_out, forward)
 
     def _forward_on_every_rank(self, inputs: StepInputs) -> torch.Tensor | None:
         assert self.ranks is not None

@@ -2,7 +2,8 @@
 
 A decode step usually samples the same requests in the same order as the step before (vLLM's "persistent
 batch" observation), so the per-request Python that reads each request's parameters runs only when the
-list of request objects differs from the last step's (compared by identity, one C-level pass). What
+list of request objects differs from the last step's (compared by identity, one C-level pass; in the
+engine they are the runner's own `RequestState`s, which live as long as the request). What
 changes every step without a change of batch, each row's output length (the seeded position and the
 min_tokens progress), is read per step (`output_lengths`), and only for the rows that need it.
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.request import Request
+from engine.request_state import SamplingRequest as Request
 
 
 @dataclass(frozen=True, eq=False)

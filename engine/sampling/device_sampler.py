@@ -23,14 +23,17 @@ a draw from the device's generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
-from engine.core.request import Request
 from engine.outputs import TokenLogprobs
-from engine.sampler import SamplerResult, vocab_logits
+from engine.request_state import SamplingRequest as Request
+from engine.sampler import SampledIds, SamplerResult, vocab_logits
 from engine.sampling.batch_params import BatchParams, output_lengths
 from engine.sampling.device_noise import exponential_noise, row_uniforms
+from engine.sampling.host_to_device import to_device
 from engine.sampling.inverse_cdf import sample_by_uniform
 from engine.sampling.noise import stable_seeds
 from engine.sampling.penalties import min_tokens_banned
@@ -49,18 +52,24 @@ class DeviceSampler:
         return self._params
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
+        return self.launch(logits, requests).read()
+
+    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
+        """Queue the step's sampling; nothing is read back until `read()` on the result."""
         logits = vocab_logits(logits, len(requests), self.vocab_size).float()  # [B, V]
         bp = self.batch_params(requests)
         pending = bp.min_tokens_pending()
         if bp.plain_greedy and not pending:
-            return SamplerResult(logits.argmax(dim=-1).tolist(), [None] * len(requests))
-        work = self._penalised(logits, bp, pending)
-        tokens = work.argmax(dim=-1)  # [B] int64
-        if not bool(bp.greedy.all()):  # host array
-            sampled = self._sample(work, bp)
-            greedy = torch.from_numpy(bp.greedy).to(logits.device)
-            tokens = torch.where(greedy, tokens, sampled)
-        return self._read_back(logits, tokens, requests, bp)
+            tokens = logits.argmax(dim=-1)  # [B] int64
+        else:
+            work = self._penalised(logits, bp, pending)
+            tokens = work.argmax(dim=-1)  # [B] int64
+            if not bool(bp.greedy.all()):  # host array
+                sampled = self._sample(work, bp)
+                greedy = to_device(bp.greedy, logits.device)
+                tokens = torch.where(greedy, tokens, sampled)
+        host = _to_host(self._read_back_rows(logits, tokens, requests, bp))
+        return SampledIds(tokens, lambda: self._unpack(host(), requests, bp))
 
     def _penalised(self, logits: torch.Tensor, bp: BatchParams, pending: list[int]) -> torch.Tensor:
         """[B, V] float32: logits with the penalties and min_tokens bans, a copy when there are any."""
@@ -69,14 +78,14 @@ class DeviceSampler:
         if bp.rep_rows:
             rows = bp.rep_rows
             seen = _token_mask([requests[i].token_ids() for i in rows], rows, len(requests), vocab, dev)
-            rep = torch.from_numpy(bp.repetition).to(dev)[:, None]  # [B, 1]
+            rep = to_device(bp.repetition, dev)[:, None]  # [B, 1]
             work = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
         if bp.dense:
             pres = [r.params.presence_penalty for r in requests]
             freq = [r.params.frequency_penalty for r in requests]
             counts = _token_counts([r.output_token_ids for r in requests], len(requests), vocab, dev)
-            p = torch.tensor(pres, dtype=torch.float32).to(dev)[:, None]
-            f = torch.tensor(freq, dtype=torch.float32).to(dev)[:, None]
+            p = to_device(pres, dev, torch.float32)[:, None]
+            f = to_device(freq, dev, torch.float32)[:, None]
             work = work - (f * counts + p * (counts > 0).float())
         pairs = [
             i * vocab + t
@@ -86,7 +95,7 @@ class DeviceSampler:
         ]
         if pairs:
             work = work.clone() if work is logits else work
-            flat = torch.tensor(pairs, dtype=torch.int64).to(dev)
+            flat = to_device(pairs, dev, torch.int64)
             work.view(-1).index_fill_(0, flat, -float("inf"))
         return work
 
@@ -94,10 +103,10 @@ class DeviceSampler:
         """[B] int64: the race (or the inverse transform) of every row; greedy rows' values unused."""
         dev, vocab = work.device, work.shape[1]
         seeds = self._row_seeds(bp, dev)  # [B] int64
-        t = torch.from_numpy(np.where(bp.greedy, 1.0, bp.temperature).astype(np.float32)).to(dev)[:, None]
-        mp = torch.from_numpy(bp.min_p).to(dev)[:, None]
-        tp = torch.from_numpy(bp.top_p).to(dev)[:, None]
-        k = torch.from_numpy(bp.top_k).to(dev)[:, None]
+        t = to_device(np.where(bp.greedy, 1.0, bp.temperature).astype(np.float32), dev)[:, None]
+        mp = to_device(bp.min_p, dev)[:, None]
+        tp = to_device(bp.top_p, dev)[:, None]
+        k = to_device(bp.top_k, dev)[:, None]
         values, ids = work.sort(dim=-1, descending=True, stable=True)  # [B, V]
         w = torch.exp((values - values[:, :1]) / t)  # [B, V], the max is 1
         if (bp.min_p > 0).any():
@@ -115,31 +124,38 @@ class DeviceSampler:
             if (bp.min_p > 0).any():
                 x = torch.where(x < mp, 0.0, x)
             by_cdf = sample_by_uniform(x, row_uniforms(seeds))
-            tokens = torch.where(torch.from_numpy(every).to(dev), by_cdf, tokens)
+            tokens = torch.where(to_device(every, dev), by_cdf, tokens)
         return tokens
 
     def _row_seeds(self, bp: BatchParams, dev: torch.device) -> torch.Tensor:
         """[B] int64 row seeds: the stable hash for seeded rows (host arrays), a device draw for the others."""
         stable = stable_seeds(bp.seed, bp.sample_index, output_lengths(bp.requests)).view(np.int64)
-        seeds = torch.from_numpy(stable).to(dev)
+        seeds = to_device(stable, dev)
         if not bp.seeded.all():
             draws = torch.randint(0, 2**63 - 1, seeds.shape, dtype=torch.int64, device=dev)
-            seeds = torch.where(torch.from_numpy(bp.seeded).to(dev), seeds, draws)
+            seeds = torch.where(to_device(bp.seeded, dev), seeds, draws)
         return seeds
 
-    def _read_back(
+    def _read_back_rows(
         self, logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request], bp: BatchParams
-    ) -> SamplerResult:
-        """The step's one device-to-host copy: token ids, and the logprobs when any row asks."""
+    ) -> torch.Tensor:
+        """What the host reads: [B] int64 ids, or with logprobs [B, 2 + 2 k] float64 (id, its logprob,
+        the top-k ids, their logprobs) of the raw logits."""
         if not bp.logprobs:
-            return SamplerResult(tokens.tolist(), [None] * len(requests))
+            return tokens
         raw = torch.log_softmax(logits, dim=-1)  # [B, V] of the raw logits
         max_k = min(max(r.params.logprobs or 0 for r in requests), raw.shape[1])
         parts = [tokens[:, None].double(), raw.gather(1, tokens[:, None]).double()]
         if max_k > 0:
             top = raw.topk(max_k, dim=-1)
             parts += [top.indices.double(), top.values.double()]
-        host = torch.cat(parts, dim=1).tolist()  # [B, 2 + 2 max_k]
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def _unpack(host: list, requests: list[Request], bp: BatchParams) -> SamplerResult:
+        if not bp.logprobs:
+            return SamplerResult(host, [None] * len(requests))
+        max_k = (len(host[0]) - 2) // 2 if host else 0
         token_ids = [int(row[0]) for row in host]
         out: list[TokenLogprobs | None] = []
         for row, r in zip(host, requests, strict=True):
@@ -154,13 +170,30 @@ class DeviceSampler:
         return SamplerResult(token_ids, out)
 
 
+def _to_host(x: torch.Tensor) -> Callable[[], list]:
+    """Start the copy of `x` to the host; the returned call waits for it and gives its values as lists.
+    On CUDA a non-blocking copy into pinned memory and an event: the host waits only when it reads."""
+    if x.device.type != "cuda":
+        return x.tolist
+    pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    pinned.copy_(x, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def read() -> list:
+        done.synchronize()
+        return pinned.tolist()
+
+    return read
+
+
 def _token_mask(
     rows_tokens: list[list[int]], rows: list[int], batch: int, vocab: int, dev: torch.device
 ) -> torch.Tensor:
     """[B, V] bool: True at (rows[j], t) for each t in rows_tokens[j] (ids outside [0, V) ignored)."""
     flat = [r * vocab + t for r, ts in zip(rows, rows_tokens, strict=True) for t in ts if 0 <= t < vocab]
     mask = torch.zeros(batch * vocab, dtype=torch.bool, device=dev)
-    mask.index_fill_(0, torch.tensor(flat, dtype=torch.int64).to(dev), True)
+    mask.index_fill_(0, to_device(flat, dev, torch.int64), True)
     return mask.view(batch, vocab)
 
 
@@ -168,6 +201,6 @@ def _token_counts(rows_tokens: list[list[int]], batch: int, vocab: int, dev: tor
     """[B, V] float32 counts of each row's tokens (ids outside [0, V) ignored)."""
     flat = [r * vocab + t for r, ts in enumerate(rows_tokens) for t in ts if 0 <= t < vocab]
     counts = torch.zeros(batch * vocab, dtype=torch.float32, device=dev)
-    index = torch.tensor(flat, dtype=torch.int64).to(dev)
+    index = to_device(flat, dev, torch.int64)
     counts.index_add_(0, index, torch.ones(len(flat), dtype=torch.float32, device=dev))
     return counts.view(batch, vocab)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.core.request import Request
+from engine.request_state import SamplingRequest as Request
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from engine.core.request import Request
+from engine.request_state import SamplingRequest as Request
 
 
 def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

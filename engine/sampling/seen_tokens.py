@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.request import Request
+from engine.request_state import SamplingRequest as Request
 
 
 class _Seen:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from engine.core.request import Request
-from engine.sampler import SamplerResult, TokenSampler
+from engine.request_state import SamplingRequest as Request
+from engine.sampler import SampledIds, SamplerResult, TokenSampler
 
 # (row in the batch, its xgrammar.GrammarMatcher)
 MaskRows = list[tuple[int, Any]]
@@ -50,9 +50,12 @@ class GrammarMaskingSampler:
     def __init__(self, sampler: TokenSampler, rows_for: Callable[[list], MaskRows], vocab_size: int) -> None:
         self.sampler, self.rows_for, self.vocab_size = sampler, rows_for, vocab_size
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
+    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
         logits = apply_grammar_masks(logits, self.rows_for(requests), self.vocab_size)
-        return self.sampler(logits, requests)
+        return self.sampler.launch(logits, requests)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
+        return self.launch(logits, requests).read()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sampler, name)

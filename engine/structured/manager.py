@@ -23,6 +23,7 @@ import structlog
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.errors import FailureCode
+from engine.request_state import SamplingRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import MaskRows
 
@@ -75,6 +76,10 @@ class StructuredOutputManager:
         if request.status is RequestStatus.WAITING:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
 
+    def has_matchers(self) -> bool:
+        """Whether a constrained request is running (its mask needs its last token accepted)."""
+        return bool(self._matchers)
+
     def has_compiling(self) -> bool:
         return bool(self._compiling)
 
@@ -115,7 +120,7 @@ class StructuredOutputManager:
                 scheduler.release_grammar(seq_id)
         return failures
 
-    def rows(self, requests: list[Request]) -> MaskRows:
+    def rows(self, requests: list[SamplingRequest]) -> MaskRows:
         matchers = self._matchers
         if not matchers:
             return []

@@ -39,7 +39,7 @@ def test_linear_flops_match_torch_flop_counter_step_by_step(tiny_model_dir):
 
 
 def _seq(rid: str, n_tokens: int, start: int, sample: bool, fork_of: str | None = None) -> ScheduledSequence:
-    return ScheduledSequence(rid, list(range(n_tokens)), start, [0], sample, fork_of)
+    return ScheduledSequence(rid, n_tokens, start, (0,), sample, fork_of=fork_of)
 
 
 def test_recorder_counts_rows_sampled_rows_and_causal_keys():
@@ -49,7 +49,7 @@ def test_recorder_counts_rows_sampled_rows_and_causal_keys():
             _seq("prefill-chunk", 4, 0, sample=False),  # keys 1 + 2 + 3 + 4 = 10
             _seq("decode", 1, 9, sample=True),  # the 10th token sees 10 keys
             _seq("tail-chunk", 3, 5, sample=True),  # keys 6 + 7 + 8 = 21
-            ScheduledSequence("fork", [], 8, [0], True, fork_of="tail-chunk"),
+            ScheduledSequence("fork", 0, 8, (0,), True, fork_of="tail-chunk"),
         ],
         num_batched_tokens=8,
     )

@@ -55,7 +55,7 @@ def test_decode_steps_call_the_allocator_only_when_a_block_fills(monkeypatch):
     tables = []
     while sched.has_unfinished_requests():
         out, _ = run_step(sched)
-        tables.append(len(out.sequences[0].block_ids))
+        tables.append((tables[-1] if tables else 0) + len(out.sequences[0].new_block_ids))
     # Prefill of 3 tokens, then decodes at context 4..11: a new block only at tokens 5 and 9.
     assert calls == [3, 5, 9]
     assert tables == [1, 1, 2, 2, 2, 2, 3, 3, 3]

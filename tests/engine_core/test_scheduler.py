@@ -32,9 +32,9 @@ def test_chunked_prefill_under_tiny_budget():
     for _ in range(3):
         out, updated = run_step(sched)
         (seq,) = out.sequences
-        chunks.append((seq.start_pos, seq.num_new_tokens, seq.sample))
-    assert chunks == [(0, 4, False), (4, 4, False), (8, 2, True)]
-    assert seq.token_ids == r.prompt_token_ids[8:] and seq.block_ids == (0, 1, 2)
+        chunks.append((seq.start_pos, seq.num_new_tokens, seq.sample, seq.new_block_ids, seq.whole_table))
+    # Blocks reach the runner as they are appended: the whole table once, then only the new ones.
+    assert chunks == [(0, 4, False, (0,), True), (4, 4, False, (1,), False), (8, 2, True, (2,), False)]
     assert r.output_token_ids == [TOKEN] and updated == [r]
 
 

@@ -26,7 +26,17 @@ def test_fork_with_partial_last_block():
         ("g-1", 0, 10, "g-0"),
         ("g-2", 0, 10, "g-0"),
     ]
-    assert [s.block_ids for s in out.sequences] == [(0, 1, 2), (0, 1, 3), (0, 1, 4)]
+    # First steps: every table whole, and each sample met once by the runner.
+    assert [(s.new_block_ids, s.whole_table) for s in out.sequences] == [
+        ((0, 1, 2), True),
+        ((0, 1, 3), True),
+        ((0, 1, 4), True),
+    ]
+    assert [(n.request_id, n.prompt_token_ids, n.sample_index) for n in out.new_requests] == [
+        ("g-0", list(range(10)), 0),
+        ("g-1", list(range(10)), 1),
+        ("g-2", list(range(10)), 2),
+    ]
     assert out.block_copies == [(2, 3), (2, 4)] and out.num_batched_tokens == 10
     assert refs(sched)[:5] == [3, 3, 1, 1, 1]
     assert updated == [parent, s1, s2]
@@ -34,16 +44,17 @@ def test_fork_with_partial_last_block():
     assert all(r.num_computed_tokens == 10 and r.status is RequestStatus.RUNNING for r in updated)
     out, _ = run_step(sched)
     assert work(out) == {"g-0": 1, "g-1": 1, "g-2": 1}
-    assert [s.token_ids for s in out.sequences] == [[10], [11], [12]]
+    assert [(s.start_pos, s.new_block_ids, s.whole_table) for s in out.sequences] == [(10, (), False)] * 3
+    assert out.new_requests == []
 
 
 def test_fork_on_block_boundary_needs_no_copy():
     sched = make_scheduler(num_blocks=8)
     add_all(sched, make_group("g", list(range(8)), 2))
     out, _ = run_step(sched)
-    assert out.block_copies == [] and [s.block_ids for s in out.sequences] == [(0, 1), (0, 1)]
-    out, _ = run_step(sched)  # each decode now takes its own block
-    assert [s.block_ids for s in out.sequences] == [(0, 1, 2), (0, 1, 3)]
+    assert out.block_copies == [] and [s.new_block_ids for s in out.sequences] == [(0, 1), (0, 1)]
+    out, _ = run_step(sched)  # each decode now takes its own block: only that one is sent
+    assert [(s.new_block_ids, s.whole_table) for s in out.sequences] == [((2,), False), ((3,), False)]
 
 
 def test_fork_after_chunked_prefill():

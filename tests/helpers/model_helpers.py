@@ -9,6 +9,7 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata
 from engine.core.request import Request
+from engine.sampler import SampledIds
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -69,3 +70,6 @@ class GreedySampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> GreedyResult:
         self.calls.append((logits.clone(), [r.request_id for r in requests]))
         return GreedyResult(logits.argmax(-1).tolist(), [None] * len(requests))
+
+    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
+        return SampledIds.ready(self(logits, requests), logits.device)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.request import Request
-from engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.core.scheduler_output import NewRequest, ScheduledSequence, SchedulerOutput
 from engine.llm_engine import LLMEngine
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
@@ -36,17 +36,20 @@ def _steps(prompts: dict[str, list[int]], runners: list[ModelRunner], num_decode
     tables = {r: [] for r in prompts}
     next_block = 1
     outs: list[list[dict]] = [[] for _ in runners]
-    for _ in range(num_decodes + 1):
+    for step in range(num_decodes + 1):
         seqs = []
         for r, req in reqs.items():
-            todo = req.token_ids()[req.num_computed_tokens :]
-            end = req.num_computed_tokens + len(todo)
+            start, end = req.num_computed_tokens, req.num_tokens
+            known = len(tables[r])
             while len(tables[r]) * BS < end:
                 tables[r].append(next_block)
                 next_block += 1
-            seqs.append(ScheduledSequence(r, todo, req.num_computed_tokens, list(tables[r]), True))
-        sched = SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs))
-        results = [runner.execute(sched, reqs).sampled_token_ids for runner in runners]
+            seqs.append(ScheduledSequence(r, end - start, start, tuple(tables[r][known:]), True, known == 0))
+        new = (
+            [NewRequest(r, q.prompt_token_ids, q.params, 0, []) for r, q in reqs.items()] if step == 0 else []
+        )
+        sched = SchedulerOutput(seqs, sum(s.num_new_tokens for s in seqs), new_requests=new)
+        results = [runner.execute(sched).sampled_token_ids for runner in runners]
         for i, res in enumerate(results):
             outs[i].append(res)
         for s in seqs:

@@ -7,16 +7,16 @@ import random
 import pytest
 import torch
 
-from engine.core.scheduler_output import RunnerOutput, ScheduledSequence
+from engine.core.scheduler_output import RunnerOutput
 from engine.cuda_graphs import batch_buckets, bucket_for
-from engine.input_batch import BlockTables, InputBatch
+from engine.input_batch import BlockTables, InputBatch, SequenceLayout
 from tests.helpers.engine_core_utils import make_requests, make_scheduler
 from tests.helpers.model_helpers import metadata
 
 BS = 4
 
 
-def _check_same(step, seqs: list[ScheduledSequence]) -> None:
+def _check_same(step, seqs: list[SequenceLayout]) -> None:
     real = [s for s in seqs if s.token_ids]
     ref = metadata([(s.start_pos, len(s.token_ids), s.block_ids) for s in real], BS)
     got = step.meta
@@ -51,6 +51,7 @@ def test_random_steps_match_the_per_token_layout():
         if live and rng.random() < 0.15:
             gone = rng.choice(sorted(live))
             free += live.pop(gone)["blocks"]
+            batch.tables.release(gone)
         seqs = []
         for rid, r in live.items():
             n = min(rng.randint(1, 5), r["prompt"] - r["done"]) if r["done"] < r["prompt"] else 1
@@ -58,30 +59,30 @@ def test_random_steps_match_the_per_token_layout():
             while len(r["blocks"]) * BS < end:
                 r["blocks"].append(free.pop())
             seqs.append(
-                ScheduledSequence(
+                SequenceLayout(
                     rid, [rng.randint(0, 99) for _ in range(n)], r["done"], list(r["blocks"]), True
                 )
             )
             r["done"] = end
         if not seqs:
             continue
-        _check_same(batch.prepare(seqs, alive=live), seqs)
+        _check_same(batch.prepare(seqs), seqs)
     assert set(batch.tables.rows) <= set(live)
 
 
 def test_a_reused_request_id_gets_its_new_table():
     batch = InputBatch(BS, torch.device("cpu"))
-    first = [ScheduledSequence("a", [1] * 6, 0, [7, 8], True)]
+    first = [SequenceLayout("a", [1] * 6, 0, [7, 8], True)]
     batch.prepare(first)
-    again = [ScheduledSequence("a", [2] * 3, 0, [3], True)]  # the id came back with other blocks
+    again = [SequenceLayout("a", [2] * 3, 0, [3], True)]  # the id came back with other blocks
     _check_same(batch.prepare(again), again)
 
 
 def test_buffers_keep_their_addresses():
     batch = InputBatch(BS, torch.device("cpu"), max_tokens=64, max_seqs=8, max_blocks=8)
-    a = batch.prepare([ScheduledSequence("a", [1, 2, 3], 0, [5], True)])
+    a = batch.prepare([SequenceLayout("a", [1, 2, 3], 0, [5], True)])
     b = batch.prepare(
-        [ScheduledSequence("a", [4], 3, [5], True), ScheduledSequence("b", [9, 9, 9, 9, 9], 0, [1, 2], True)]
+        [SequenceLayout("a", [4], 3, [5], True), SequenceLayout("b", [9, 9, 9, 9, 9], 0, [1, 2], True)]
     )
     for x, y in [(a.input_ids, b.input_ids), (a.positions, b.positions), (a.sample_rows, b.sample_rows)]:
         assert x.data_ptr() == y.data_ptr()
@@ -91,7 +92,7 @@ def test_buffers_keep_their_addresses():
 
 def test_decode_padding_adds_inert_sequences():
     batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
-    seqs = [ScheduledSequence("a", [5], 6, [3, 4], True), ScheduledSequence("b", [6], 1, [2], True)]
+    seqs = [SequenceLayout("a", [5], 6, [3, 4], True), SequenceLayout("b", [6], 1, [2], True)]
     step = batch.prepare(seqs, pad_to=4, full_width=True)
     m = step.meta
     assert step.num_padded_seqs == 2 and step.input_ids.tolist() == [5, 6, 0, 0]
@@ -100,7 +101,7 @@ def test_decode_padding_adds_inert_sequences():
     assert m.block_tables.shape == (4, 8) and not m.block_tables[2:].any()
     assert step.positions.tolist() == [6, 1, 0, 0] and step.sample_rows.tolist() == [0, 1]
     # A step with a prefill chunk is never padded.
-    mixed = [ScheduledSequence("a", [5], 7, [3, 4], True), ScheduledSequence("c", [1, 2], 0, [9], True)]
+    mixed = [SequenceLayout("a", [5], 7, [3, 4], True), SequenceLayout("c", [1, 2], 0, [9], True)]
     assert batch.prepare(mixed, pad_to=4).num_padded_seqs == 0
 
 
@@ -118,70 +119,61 @@ def test_buckets():
 def test_fork_without_parent_in_step_is_an_error():
     batch = InputBatch(BS, torch.device("cpu"))
     with pytest.raises(ValueError, match="parent"):
-        batch.prepare(
-            [ScheduledSequence("a", [1], 0, [1], True), ScheduledSequence("c", [], 3, [2], True, "p")]
-        )
+        batch.prepare([SequenceLayout("a", [1], 0, [1], True), SequenceLayout("c", [], 3, [2], True, "p")])
 
 
 def test_a_preempted_request_gets_its_new_table_even_if_its_last_block_matches():
     batch = InputBatch(BS, torch.device("cpu"))
-    owner = object()
-    batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": owner})
+    batch.prepare([SequenceLayout("a", [1] * 8, 0, [5, 9], True)])
     # Preempted (blocks freed), then recomputed into [7, 9, 11]: block 9 lands at the same index by chance.
-    again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
-    _check_same(batch.prepare(again, alive={"a": owner}, preempted=["a"]), again)
+    batch.tables.release("a")
+    again = [SequenceLayout("a", [1] * 9, 0, [7, 9, 11], True)]
+    _check_same(batch.prepare(again), again)
 
 
-def test_an_id_reused_by_another_request_gets_its_new_table():
-    batch = InputBatch(BS, torch.device("cpu"))
-    batch.prepare([ScheduledSequence("a", [1] * 8, 0, [5, 9], True)], alive={"a": object()})
-    again = [ScheduledSequence("a", [1] * 9, 0, [7, 9, 11], True)]
-    _check_same(batch.prepare(again, alive={"a": object()}), again)
-
-
-def test_block_tables_answer_an_unchanged_table_without_rewriting_and_forget_an_emptied_one():
-    tables = BlockTables(rows=4, width=4)
-    row = tables.row_for("a", [5, 6])
-    tables.table[row, 0] = 99  # would be rewritten by a full update, not by the unchanged-table path
-    assert tables.row_for("a", [5, 6]) == row and tables.table[row, :2].tolist() == [99, 6]
-    tables.row_for("a", [])  # emptied (all blocks given back): the row is cleared
-    assert tables.table[row].tolist() == [0, 0, 0, 0]
-    assert tables.row_for("a", [5, 6]) == row and tables.table[row, :2].tolist() == [5, 6]
-
-
-def test_block_tables_trust_the_tuple_they_wrote_and_write_only_appended_blocks():
-    """The block manager's tuples: the same object again is not read at all; a longer tuple that starts
-    with the ids written gets only its new blocks written; other ids rewrite the row."""
+def test_block_tables_set_append_and_release():
+    """set writes the whole row (clearing a longer old one), append writes only after what is there,
+    release clears the row and gives it back."""
     tables = BlockTables(rows=4, width=8)
-    ids = (5, 6)
-    row = tables.row_for("a", ids)
+    row = tables.set("a", [5, 6])
     tables.table[row, 0] = 99  # a marker: any rewrite of the row's first entry would erase it
-    assert tables.row_for("a", ids) == row and tables.table[row, :2].tolist() == [99, 6]
-    grown = ids + (7,)  # a block appended: a new tuple
-    tables.row_for("a", grown)
+    tables.append("a", [7])
     assert tables.table[row, :4].tolist() == [99, 6, 7, 0]
-    tables.table[row, 0] = 5
-    tables.row_for("a", (8, 6, 7, 9))  # same length as before plus one, but another first block
-    assert tables.table[row, :5].tolist() == [8, 6, 7, 9, 0]
-    tables.row_for("a", (3,))  # shorter: rewritten, the tail cleared
+    tables.append("a", [])
+    tables.append("a", [8, 9])
+    assert tables.table[row, :6].tolist() == [99, 6, 7, 8, 9, 0]
+    assert tables.set("a", [3]) == row  # shorter: rewritten, the tail cleared
     assert tables.table[row].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+    other = tables.set("b", [1, 2])
+    assert other != row
+    tables.release("a")
+    assert tables.table[row].tolist() == [0] * 8 and tables.rows == {"b": other}
+    tables.append("b", list(range(10, 20)))  # wider than the table: it grows
+    assert tables.table[other, :12].tolist() == [1, 2, *range(10, 20)]
 
 
 def test_a_block_appended_mid_run_reaches_the_runner():
-    """A decode crossing a block boundary: the scheduler's new tuple must land in the runner's table."""
+    """A decode crossing a block boundary: the scheduler's diff (only the appended block) must land in
+    the runner's table, whole after a first step."""
     sched = make_scheduler(block_size=BS, enable_prefix_caching=False)
     (req,) = make_requests(1, 3, 9)
     sched.add_request(req)
     batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
-    seen = []
+    sent = []
     while sched.has_unfinished_requests():
         out = sched.schedule()
-        step = batch.prepare(out.sequences, alive=sched.requests)
-        _check_same(step, out.sequences)
-        seen.append(out.sequences[0].block_ids)
+        (seq,) = out.sequences
+        if seq.whole_table:
+            batch.tables.set(seq.request_id, seq.new_block_ids)
+        else:
+            batch.tables.append(seq.request_id, seq.new_block_ids)
+        tokens = req.token_ids()[seq.start_pos : seq.context_len]
+        step = batch.prepare([SequenceLayout(req.request_id, tokens, seq.start_pos, None, seq.sample)])
+        full = sched.kv.block_ids(req.request_id)
+        _check_same(step, [SequenceLayout(req.request_id, tokens, seq.start_pos, full, seq.sample)])
+        sent.append(seq.new_block_ids)
         sched.update_from_output(out, RunnerOutput({req.request_id: 7}))
-    assert [len(t) for t in seen] == [1, 1, 2, 2, 2, 2, 3, 3, 3]
-    assert seen[0] is seen[1] and seen[1] is not seen[2]  # one object per table content
+    assert sent == [(0,), (), (1,), (), (), (), (2,), (), ()]
 
 
 def test_a_step_leaves_nothing_of_the_previous_one_in_the_buffers():
@@ -189,12 +181,12 @@ def test_a_step_leaves_nothing_of_the_previous_one_in_the_buffers():
     be cleared, whatever the previous step left there."""
     batch = InputBatch(BS, torch.device("cpu"), max_tokens=16, max_seqs=4, max_blocks=6)
     wide = [
-        ScheduledSequence(r, [1] * 4, 16, tuple(range(10 * k + 1, 10 * k + 6)), True)
+        SequenceLayout(r, [1] * 4, 16, tuple(range(10 * k + 1, 10 * k + 6)), True)
         for k, r in enumerate("abcd")
     ]
     batch.prepare(wide, full_width=True)
-    narrow = [ScheduledSequence("e", [2], 1, (9,), True), ScheduledSequence("f", [3], 5, (7, 8), True)]
-    step = batch.prepare(narrow, alive={"e", "f"}, pad_to=4, full_width=True)
+    narrow = [SequenceLayout("e", [2], 1, (9,), True), SequenceLayout("f", [3], 5, (7, 8), True)]
+    step = batch.prepare(narrow, pad_to=4, full_width=True)
     assert step.meta.block_tables.tolist() == [[9, 0, 0, 0, 0, 0], [7, 8, 0, 0, 0, 0]] + [[0] * 6] * 2
     assert step.meta.slot_mapping.tolist() == [9 * BS + 1, 8 * BS + 1, -1, -1]
     assert step.input_ids.tolist() == [2, 3, 0, 0] and step.positions.tolist() == [1, 5, 0, 0]
@@ -209,7 +201,7 @@ def test_random_decode_only_steps_match_the_per_token_layout():
         for k in range(rng.randint(1, 12)):
             start = rng.randint(0, 40)
             blocks = tuple(rng.sample(range(1, 500), start // BS + 1))
-            seqs.append(ScheduledSequence(f"r{k}", [rng.randint(0, 99)], start, blocks, rng.random() < 0.9))
+            seqs.append(SequenceLayout(f"r{k}", [rng.randint(0, 99)], start, blocks, rng.random() < 0.9))
         step = batch.prepare(seqs)
         _check_same(step, seqs)
         expected = [i for i, s in enumerate(seqs) if s.sample]

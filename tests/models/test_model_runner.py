@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.core.request import Request
-from engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.core.scheduler_output import NewRequest, ScheduledSequence, SchedulerOutput
 from engine.model_loader import load_model
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -31,25 +31,23 @@ class MiniScheduler:
         self.blocks: dict[str, list[int]] = {r: [] for r in requests}
 
     def schedule(self, chunk: int | None = None) -> SchedulerOutput:
-        seqs = []
+        seqs, new = [], []
         for rid, r in self.requests.items():
-            todo = r.token_ids()[r.num_computed_tokens :]
-            if chunk is not None:
-                todo = todo[:chunk]
-            end = r.num_computed_tokens + len(todo)
-            while len(self.blocks[rid]) * BLOCK < end:
+            start = r.num_computed_tokens
+            n = r.num_tokens - start if chunk is None else min(chunk, r.num_tokens - start)
+            if start == 0:
+                new.append(NewRequest(rid, r.prompt_token_ids, r.params, 0, []))
+            known = len(self.blocks[rid])
+            while len(self.blocks[rid]) * BLOCK < start + n:
                 self.blocks[rid].append(self.free.pop())
-            seqs.append(
-                ScheduledSequence(
-                    rid, todo, r.num_computed_tokens, list(self.blocks[rid]), end == r.num_tokens
-                )
-            )
-        return SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs))
+            added = tuple(self.blocks[rid][known:]) if known else tuple(self.blocks[rid])
+            seqs.append(ScheduledSequence(rid, n, start, added, start + n == r.num_tokens, known == 0))
+        return SchedulerOutput(seqs, sum(s.num_new_tokens for s in seqs), new_requests=new)
 
     def update(self, out: SchedulerOutput, result) -> None:
         for s in out.sequences:
             r = self.requests[s.request_id]
-            r.num_computed_tokens += len(s.token_ids)
+            r.num_computed_tokens += s.num_new_tokens
             if s.request_id in result.sampled_token_ids:
                 r.output_token_ids.append(result.sampled_token_ids[s.request_id])
 
@@ -70,7 +68,7 @@ def test_greedy_matches_transformers(tiny_model_dir, variant):
     while any(r.num_output_tokens < NEW_TOKENS for r in requests.values()):
         # Prefill goes in chunks of 8, so later chunks attend to cached context; decodes are 1 token.
         out = sched.schedule(chunk=8)
-        sched.update(out, runner.execute(out, requests))
+        sched.update(out, runner.execute(out))
     hf = hf_model(model_dir)
     for rid, prompt in prompts.items():
         assert requests[rid].output_token_ids[:NEW_TOKENS] == hf_greedy(hf, prompt, NEW_TOKENS), rid
@@ -82,16 +80,17 @@ def test_fork_samples_parent_row_and_block_copy_after_forward(tiny_model_dir):
     sampler = GreedySampler()
     runner = ModelRunner(model, spec, 16, BLOCK, "cpu", sampler=sampler)
     prompt = list(range(10, 16))  # 6 tokens: blocks [3, 5], the last one half full
-    reqs = {"p": _request("p", prompt), "c": _request("c", prompt)}
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     out = SchedulerOutput(
         [
-            ScheduledSequence("p", prompt, 0, [3, 5], True),
-            ScheduledSequence("c", [], 6, [3, 9], True, fork_of="p"),
+            ScheduledSequence("p", 6, 0, (3, 5), True, True),
+            ScheduledSequence("c", 0, 6, (3, 9), True, True, fork_of="p"),
         ],
         6,
+        new_requests=[NewRequest("p", prompt, params, 0, []), NewRequest("c", prompt, params, 1, [])],
         block_copies=[(5, 9)],
     )
-    result = runner.execute(out, reqs)
+    result = runner.execute(out)
     assert result.sampled_token_ids["c"] == result.sampled_token_ids["p"]
     logits, ids = sampler.calls[-1]
     assert ids == ["p", "c"] and torch.equal(logits[0], logits[1])
@@ -103,6 +102,10 @@ def test_fork_samples_parent_row_and_block_copy_after_forward(tiny_model_dir):
 def test_chunk_without_sample_returns_nothing(tiny_model_dir):
     model, spec = load_model(tiny_model_dir("llama"))
     runner = ModelRunner(model, spec, 8, BLOCK, "cpu", sampler=GreedySampler())
-    reqs = {"a": _request("a", list(range(3, 12)))}
-    out = SchedulerOutput([ScheduledSequence("a", list(range(3, 8)), 0, [1, 2], False)], 5)
-    assert runner.execute(out, reqs).sampled_token_ids == {}
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    out = SchedulerOutput(
+        [ScheduledSequence("a", 5, 0, (1, 2), False, True)],
+        5,
+        new_requests=[NewRequest("a", list(range(3, 12)), params, 0, [])],
+    )
+    assert runner.execute(out).sampled_token_ids == {}

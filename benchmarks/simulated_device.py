@@ -1,0 +1,119 @@
+"""A stand-in for a GPU: the model forward and the sampler's tensor math run on a background thread that
+takes `device_ms` per step, while the host goes on, as a CUDA stream does.
+
+    host thread                                   device thread (FIFO, one op at a time)
+    runner.forward(step)  -> queue op, return     [ forward + sampling math: sleep device_ms ]
+    sampler.launch(...)   -> host prep, queue op  [ the sampled ids: a function of the inputs ]
+    SampledIds.read()     -> wait for that op     -> the ids, as the one device-to-host copy
+
+What stays real: the engine (scheduler, runner input layout, detokenizer, deltas) and the sampler's
+per-step host bookkeeping (parameter arrays, min_tokens, the seen tokens of penalised rows, row seeds),
+done as `engine.sampler.Sampler` does it. What is replaced: the pass over the logits. The sampled ids are
+deterministic (from each row's request id and output length), so the tokens, and the work the engine
+does for them, are the same whatever the scheduling mode.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from engine.sampler import SampledIds, SamplerResult
+from engine.sampling.batch_params import BatchParams, output_lengths
+from engine.sampling.noise import row_seeds
+from engine.sampling.seen_tokens import SeenTokens
+
+
+class SimulatedDevice:
+    """One FIFO stream on a background thread; records how long it was busy."""
+
+    def __init__(self) -> None:
+        self._ops: queue.Queue[tuple[float, Callable[[], object], threading.Event, list] | None] = (
+            queue.Queue()
+        )
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def submit(self, seconds: float, fn: Callable[[], object]) -> Callable[[], object]:
+        """Queue an op taking `seconds`; returns a call that waits for its result."""
+        done, box = threading.Event(), []
+        self._ops.put((seconds, fn, done, box))
+
+        def wait() -> object:
+            done.wait()
+            return box[0]
+
+        return wait
+
+    def _run(self) -> None:
+        while (op := self._ops.get()) is not None:
+            seconds, fn, done, box = op
+            t0 = time.perf_counter()
+            end = t0 + seconds
+            while (left := end - time.perf_counter()) > 0:
+                time.sleep(left)
+            box.append(fn())
+            self.busy_s += time.perf_counter() - t0
+            done.set()
+
+    def close(self) -> None:
+        self._ops.put(None)
+        self._thread.join()
+
+
+class SimulatedSampler:
+    """TokenSampler: the host Sampler's per-step bookkeeping for real, the ids from the device thread."""
+
+    def __init__(self, device: SimulatedDevice, vocab_ids: list[int]) -> None:
+        self.device, self.vocab_ids = device, vocab_ids
+        self._params: BatchParams | None = None
+        self._seen = SeenTokens(max(vocab_ids) + 1)
+
+    def launch(self, logits: torch.Tensor, requests: list) -> SampledIds:
+        bp = self._params = BatchParams.reuse(self._params, requests, max(self.vocab_ids) + 1)
+        bp.min_tokens_pending()
+        if not bp.plain_greedy:  # what the host does for a sampled batch whatever the device
+            if bp.rep_rows:
+                self._seen.sync([bp.requests[i] for i in bp.rep_rows])
+                self._seen.index(bp.rep_rows)
+            row_seeds(bp.seed, bp.seeded, bp.sample_index, output_lengths(requests))
+        keys = [(r.request_id, len(r.output_token_ids)) for r in requests]
+        ids = self.vocab_ids
+        wait = self.device.submit(
+            0.0, lambda: [ids[zlib.crc32(f"{k}/{n}".encode()) % len(ids)] for k, n in keys]
+        )
+        return SampledIds(None, lambda: SamplerResult(wait(), [None] * len(keys)))  # type: ignore[arg-type]
+
+    def __call__(self, logits: torch.Tensor, requests: list) -> SamplerResult:
+        return self.launch(logits, requests).read()
+
+
+def attach(engine, device_ms: float, vocab_ids: list[int]) -> SimulatedDevice:
+    """Put the stand-in under `engine`'s runner: forward, placeholder fill and sampling go to the device."""
+    device = SimulatedDevice()
+    runner = engine.runner
+    hidden_size = 1
+
+    def forward(inputs):
+        rows = int(inputs.sample_rows.shape[0]) if inputs.meta is not None else 0
+        device.submit(device_ms / 1e3, lambda: None)  # the whole step's device work, queued
+        return torch.empty(rows, hidden_size) if rows else None
+
+    def fill_placeholders(input_ids, placeholders, last) -> None:
+        device.submit(0.0, lambda: None)  # on a GPU: a gather from the last step's ids, queued after it
+
+    runner.forward = forward
+    runner._fill_placeholders = fill_placeholders
+    runner.sampler = SimulatedSampler(device, vocab_ids)
+    return device
+
+
+def idle_fraction(device: SimulatedDevice, busy_before: float, wall_s: float) -> float:
+    return float(np.clip(1.0 - (device.busy_s - busy_before) / wall_s, 0.0, 1.0))
