@@ -43,7 +43,7 @@ def test_workers_and_clients_pass_the_urls_password_to_every_node(secured):
             # replicas=1: WAIT answers only once a replica, authenticated with masterauth, has the job.
             placed = {
                 f"a{i}": client.submit({"id": f"a{i}", "prompt": f"p{i}", "max_tokens": 3}, replicas=1)
-                for i in range(16)
+                for i in range(24)  # keyed by prompt (worker/affinity_key.py): 24 reach all 8 shards
             }
             assert set(placed.values()) == set(range(SHARDS))
             for job_id, shard in placed.items():

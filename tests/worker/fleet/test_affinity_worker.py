@@ -164,6 +164,7 @@ def test_home_work_first_then_stealing_from_a_peer_that_does_not_read(redis_serv
     assert (from_home, stolen) == (3 * len(mine), 3 * len(theirs))
 
 
+@pytest.mark.timeout(400)  # two model loads and a reference run on a loaded 2-core machine
 def test_killed_worker_job_resumed_exactly_and_its_shards_move_within_a_lease(
     redis_server, r, tiny_model, tmp_path
 ):
