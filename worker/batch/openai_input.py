@@ -66,7 +66,8 @@ def job_id_for(line: str) -> str:
     return "batch-" + hashlib.sha256(line.strip().encode()).hexdigest()[:32]
 
 
-def parse_line(line: str) -> BatchRequest:
+def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
+    """The line's job, named `job_id` (default: derived from the line, job_id_for)."""
     try:
         entry = json.loads(line)
     except ValueError as exc:
@@ -83,7 +84,7 @@ def parse_line(line: str) -> BatchRequest:
     if not isinstance(body, dict):
         raise LineError("invalid_request", "body must be a JSON object")
     body = dict(body)
-    job: dict = {"id": job_id_for(line)}
+    job: dict = {"id": job_id or job_id_for(line)}
     if url == CHAT_URL:
         job["messages"] = _messages(body.pop("messages", None))
         _tokens_limit(body, job, "max_completion_tokens", "max_tokens")
