@@ -1,0 +1,155 @@
+"""Drive one batch of the HTTP API to a final status, under its lease (batch_lease.py).
+
+    validating ─▶ in_progress ─▶ (runner.py over the stored input file, answers in Redis: redis_sink.py)
+               │                  ─▶ finalizing ─▶ output / error files ─▶ completed
+               │                  ─▶ (cancel) cancelling ─▶ cancelled   (past expires_at) ─▶ expired
+               └▶ failed (the file does not pass input_checks.py, or is gone)
+
+Every step is safe to run again: a replica that takes the lease over after a crash calls drive_batch on the
+same batch and continues from the status it finds. Jobs are named by batch id and custom_id, so lines that
+were in flight are re-enqueued under the same ids (the workers deduplicate them) and their events read from
+the start of their output streams; lines already answered are skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker.batch.api_objects import FINAL_STATUSES, BatchError, BatchErrors, BatchObject
+from worker.batch.batch_lease import BatchLease
+from worker.batch.batch_store import BatchStore
+from worker.batch.file_store import FileStore
+from worker.batch.input_checks import DEFAULT_MAX_LINES, check_input, input_lines
+from worker.batch.redis_sink import CANCELLED, EXPIRED, RedisSink
+from worker.batch.runner import BatchRunner, JobTemplate
+from worker.job_queue import JobQueue
+from worker.keys import Keys
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    lease_ms: int = 10_000  # a dead replica's batches are taken over this long after its last renewal
+    max_in_flight: int = 256  # jobs of one batch enqueued and not answered yet
+    max_batches: int = 4  # batches one replica drives at once
+    poll_s: float = 1.0  # how often a replica looks for batches without a driver
+    drain_s: float = 10.0  # after a cancel or expiry: how long the jobs in flight get to end
+    max_lines: int = DEFAULT_MAX_LINES
+
+
+def batch_job_id(batch_id: str, custom_id: str) -> str:
+    """One job id per (batch, custom_id): the same after a takeover, so the workers deduplicate it."""
+    return f"{batch_id}:{hashlib.sha256(custom_id.encode()).hexdigest()[:24]}"
+
+
+def output_file_id(batch_id: str, part: str) -> str:
+    return f"file-{batch_id.removeprefix('batch_')}-{part}"
+
+
+class BatchDriver:
+    def __init__(
+        self, client: redis.Redis, queue: JobQueue, keys: Keys, files: FileStore, cfg: DriverConfig
+    ) -> None:
+        self.client, self.queue, self.keys, self.files, self.cfg = client, queue, keys, files, cfg
+        self.store = BatchStore(client, keys)
+
+    def drive(self, batch_id: str, lease: BatchLease) -> None:
+        """Raises LeaseLost (from batch_store) when another replica took the batch over."""
+        batch, tenant = self.store.get(None, batch_id), self.store.tenant_of(batch_id)
+        if batch is None or tenant is None:
+            self.store.forget_open(batch_id)
+            return
+        fence = (lease.key, lease.token)
+        if batch.status not in FINAL_STATUSES:
+            self._run(batch, tenant, lease, fence)
+        self._clean_up(batch_id, lease)
+
+    def _run(self, batch: BatchObject, tenant: str, lease: BatchLease, fence: tuple[str, str]) -> None:
+        now = int(time.time())
+        content = self.files.content(tenant, batch.input_file_id)
+        if batch.status in ("validating", "cancelling") and batch.in_progress_at is None:
+            if batch.status == "cancelling":  # cancelled before it started: nothing ran, nothing to write
+                self.store.move(batch.id, {"cancelling"}, {"status": "cancelled", "cancelled_at": now}, fence)
+                return
+            errors = (
+                check_input(content, batch.endpoint, self.cfg.max_lines)
+                if content is not None
+                else [_gone(batch.input_file_id)]
+            )
+            if errors:
+                failed = {
+                    "status": "failed",
+                    "failed_at": now,
+                    "errors": BatchErrors(data=errors).model_dump(),
+                }
+                self.store.move(batch.id, {"validating"}, failed, fence)
+                return
+            moved = self.store.move(
+                batch.id, {"validating"}, {"status": "in_progress", "in_progress_at": now}, fence
+            )
+            if not moved:  # cancelled meanwhile
+                self.store.move(batch.id, {"cancelling"}, {"status": "cancelled", "cancelled_at": now}, fence)
+                return
+        if content is None:
+            self._finish(batch, tenant, "failed", fence, errors=[_gone(batch.input_file_id)])
+            return
+        sink = RedisSink(self.client, self.keys, batch.id, lease, batch.expires_at)
+        runner = BatchRunner(self.queue, max_in_flight=self.cfg.max_in_flight, drain_s=self.cfg.drain_s)
+        template = JobTemplate(
+            job_id=lambda custom_id, line: batch_job_id(batch.id, custom_id),
+            fields={"tenant": tenant, "deadline_ms": batch.expires_at * 1000},
+        )
+        runner.drive(lambda: input_lines(content), sink, template)
+        stopped = sink.stop()
+        if stopped is CANCELLED:
+            self._finish(batch, tenant, "cancelled", fence)
+        elif stopped is EXPIRED:
+            self._finish(batch, tenant, "expired", fence)
+        elif (
+            self.store.move(
+                batch.id, {"in_progress"}, {"status": "finalizing", "finalizing_at": int(time.time())}, fence
+            )
+            or self._status(batch.id) == "finalizing"
+        ):
+            self._finish(batch, tenant, "completed", fence)
+        else:  # cancelled after its last line ended: what ran is its output
+            self._finish(batch, tenant, "cancelled", fence)
+
+    def _finish(
+        self, batch: BatchObject, tenant: str, status: str, fence: tuple[str, str], errors: list | None = None
+    ) -> None:
+        """Write the output and error files (fixed ids: a second writer after a takeover replaces them),
+        then the final status."""
+        fields: dict[str, Any] = {"status": status, f"{status}_at": int(time.time())}
+        for part, field in (("output", "output_file_id"), ("errors", "error_file_id")):
+            lines: Any = self.client.lrange(self.keys.batch(batch.id, part), 0, -1)
+            if not lines:
+                continue
+            file_id = output_file_id(batch.id, part)
+            name = f"{batch.id}_{part}.jsonl"
+            self.files.create(tenant, name, "batch_output", b"".join(lines), file_id=file_id)
+            fields[field] = file_id
+        if errors:
+            fields["errors"] = BatchErrors(data=errors).model_dump()
+        self.store.move(batch.id, {"in_progress", "finalizing", "cancelling"}, fields, fence)
+
+    def _clean_up(self, batch_id: str, lease: BatchLease) -> None:
+        if self._status(batch_id) not in FINAL_STATUSES:
+            return
+        self.client.delete(*(self.keys.batch(batch_id, p) for p in ("answered", "output", "errors")))
+        self.store.forget_open(batch_id)
+        lease.release()
+
+    def _status(self, batch_id: str) -> str | None:
+        raw: Any = self.client.hget(self.keys.batch(batch_id), "status")
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _gone(file_id: str) -> BatchError:
+    return BatchError(
+        code="file_not_found", message=f"input file {file_id} no longer exists", param="input_file_id"
+    )
