@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
-from worker.batch.driver import BatchDriver, DriverConfig
+from worker.batch.api_config import BatchApiConfig
+from worker.batch.driver import BatchDriver
 from worker.batch.driver_pool import DriverPool
 from worker.batch.file_store import FileStore
 from worker.connection import connect
@@ -18,7 +19,7 @@ from worker.keys import Keys
 
 def make_pool(url: str, holder: str, lease_ms: int, max_in_flight: int = 256, **cfg) -> DriverPool:
     client, keys = connect(url), Keys()
-    config = DriverConfig(lease_ms=lease_ms, max_in_flight=max_in_flight, poll_s=0.1, **cfg)
+    config = BatchApiConfig(lease_ms=lease_ms, max_in_flight=max_in_flight, poll_s=0.1, **cfg)
     driver = BatchDriver(client, SingleQueue(client, keys), keys, FileStore(client, keys), config)
     return DriverPool(driver, holder)
 

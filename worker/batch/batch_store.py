@@ -76,7 +76,9 @@ class BatchStore:
         endpoint: str,
         completion_window: str,
         metadata: dict[str, str] | None = None,
+        tag_jobs: bool = True,
     ) -> BatchObject:
+        """`tag_jobs`: the batch's jobs carry the tenant (false for a gateway that asks for no API key)."""
         now = int(time.time())
         batch = BatchObject(
             id=f"batch_{uuid.uuid4().hex}",
@@ -93,7 +95,7 @@ class BatchStore:
             for k, v in batch.model_dump().items()
             if k in ("id", "endpoint", "input_file_id", "completion_window", "created_at", "expires_at")
         }
-        meta = json.dumps({**fixed, "metadata": metadata, "tenant": tenant})
+        meta = json.dumps({**fixed, "metadata": metadata, "tenant": tenant, "tag_jobs": tag_jobs})
         self.client.hset(self.keys.batch(batch.id), mapping={"meta": meta, "status": "validating"})
         self.client.zadd(self.keys.batches(tenant), {batch.id: time.time()})
         self.client.sadd(self.keys.batches_open, batch.id)
@@ -104,9 +106,13 @@ class BatchStore:
         fields: Any = self.client.hgetall(self.keys.batch(batch_id))
         return _object(fields, tenant)
 
-    def tenant_of(self, batch_id: str) -> str | None:
+    def owner_of(self, batch_id: str) -> tuple[str, bool] | None:
+        """(tenant, whether its jobs carry the tenant), or None for an unknown batch."""
         raw: Any = self.client.hget(self.keys.batch(batch_id), "meta")
-        return None if raw is None else json.loads(raw)["tenant"]
+        if raw is None:
+            return None
+        meta = json.loads(raw)
+        return meta["tenant"], meta.get("tag_jobs", True)
 
     def page(self, tenant: str, limit: int = 20, after: str | None = None) -> list[BatchObject]:
         """Newest first, as OpenAI lists them; `after` is the last id of the previous page."""
@@ -168,6 +174,7 @@ def _object(fields: dict, tenant: str | None) -> BatchObject | None:
     if tenant is not None and meta.pop("tenant") != tenant:
         return None
     meta.pop("tenant", None)
+    meta.pop("tag_jobs", None)
     stamps = {
         k: int(f[k])
         for k in (

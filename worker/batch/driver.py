@@ -15,30 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from worker.batch.api_config import BatchApiConfig
 from worker.batch.api_objects import FINAL_STATUSES, BatchError, BatchErrors, BatchObject
 from worker.batch.batch_lease import BatchLease
 from worker.batch.batch_store import BatchStore
 from worker.batch.file_store import FileStore
-from worker.batch.input_checks import DEFAULT_MAX_LINES, check_input, input_lines
+from worker.batch.input_checks import check_input, input_lines
 from worker.batch.redis_sink import CANCELLED, EXPIRED, RedisSink
 from worker.batch.runner import BatchRunner, JobTemplate
 from worker.job_queue import JobQueue
 from worker.keys import Keys
-
-
-@dataclass(frozen=True)
-class DriverConfig:
-    lease_ms: int = 10_000  # a dead replica's batches are taken over this long after its last renewal
-    max_in_flight: int = 256  # jobs of one batch enqueued and not answered yet
-    max_batches: int = 4  # batches one replica drives at once
-    poll_s: float = 1.0  # how often a replica looks for batches without a driver
-    drain_s: float = 10.0  # after a cancel or expiry: how long the jobs in flight get to end
-    max_lines: int = DEFAULT_MAX_LINES
 
 
 def batch_job_id(batch_id: str, custom_id: str) -> str:
@@ -52,24 +42,27 @@ def output_file_id(batch_id: str, part: str) -> str:
 
 class BatchDriver:
     def __init__(
-        self, client: redis.Redis, queue: JobQueue, keys: Keys, files: FileStore, cfg: DriverConfig
+        self, client: redis.Redis, queue: JobQueue, keys: Keys, files: FileStore, cfg: BatchApiConfig
     ) -> None:
         self.client, self.queue, self.keys, self.files, self.cfg = client, queue, keys, files, cfg
         self.store = BatchStore(client, keys)
 
     def drive(self, batch_id: str, lease: BatchLease) -> None:
         """Raises LeaseLost (from batch_store) when another replica took the batch over."""
-        batch, tenant = self.store.get(None, batch_id), self.store.tenant_of(batch_id)
-        if batch is None or tenant is None:
+        batch, owner = self.store.get(None, batch_id), self.store.owner_of(batch_id)
+        if batch is None or owner is None:
             self.store.forget_open(batch_id)
             return
         fence = (lease.key, lease.token)
         if batch.status not in FINAL_STATUSES:
-            self._run(batch, tenant, lease, fence)
+            self._run(batch, owner, lease, fence)
         self._clean_up(batch_id, lease)
 
-    def _run(self, batch: BatchObject, tenant: str, lease: BatchLease, fence: tuple[str, str]) -> None:
+    def _run(
+        self, batch: BatchObject, owner: tuple[str, bool], lease: BatchLease, fence: tuple[str, str]
+    ) -> None:
         now = int(time.time())
+        tenant, tag_jobs = owner
         content = self.files.content(tenant, batch.input_file_id)
         if batch.status in ("validating", "cancelling") and batch.in_progress_at is None:
             if batch.status == "cancelling":  # cancelled before it started: nothing ran, nothing to write
@@ -101,7 +94,7 @@ class BatchDriver:
         runner = BatchRunner(self.queue, max_in_flight=self.cfg.max_in_flight, drain_s=self.cfg.drain_s)
         template = JobTemplate(
             job_id=lambda custom_id, line: batch_job_id(batch.id, custom_id),
-            fields={"tenant": tenant, "deadline_ms": batch.expires_at * 1000},
+            fields={"deadline_ms": batch.expires_at * 1000, **({"tenant": tenant} if tag_jobs else {})},
         )
         runner.drive(lambda: input_lines(content), sink, template)
         stopped = sink.stop()
