@@ -19,6 +19,31 @@ class ErrorCode(str, enum.Enum):
     INTERNAL = "internal_error"
 
 
+# Each code as an HTTP status and OpenAI error type: the gateway's answers (worker/gateway/errors.py) and the
+# Batch API's output lines (worker/batch/openai_output.py) both read this one table.
+HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
+    ErrorCode.INVALID_JSON: (400, "invalid_request_error"),
+    ErrorCode.INVALID_JOB: (400, "invalid_request_error"),
+    ErrorCode.UNKNOWN_FIELD: (400, "invalid_request_error"),
+    ErrorCode.INVALID_PARAMS: (400, "invalid_request_error"),
+    ErrorCode.PAYLOAD_TOO_LARGE: (413, "invalid_request_error"),
+    ErrorCode.PROMPT_TOO_LONG: (400, "invalid_request_error"),
+    ErrorCode.MAX_TOKENS_TOO_LARGE: (400, "invalid_request_error"),
+    ErrorCode.REJECTED: (400, "invalid_request_error"),
+    ErrorCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
+    ErrorCode.TOO_MANY_ATTEMPTS: (500, "server_error"),
+    ErrorCode.INTERNAL: (500, "server_error"),
+}
+
+
+def http_status(code: str) -> tuple[int, str]:
+    """(status, OpenAI error type) of a worker error code; a code this version does not know is a 500."""
+    try:
+        return HTTP_STATUS[ErrorCode(code)]
+    except ValueError:
+        return 500, "server_error"
+
+
 class JobError(Exception):
     """A job that cannot be run. `job_id` is set when the payload named a usable id."""
 

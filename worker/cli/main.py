@@ -1,4 +1,4 @@
-"""`conveyor` command line: worker, submit, demo, make-tiny-model, plan.
+"""`conveyor` command line: worker, serve, submit, demo, make-tiny-model, plan, batch.
 
 Every option can also come from the environment: CONVEYOR_<OPTION> (e.g. CONVEYOR_REDIS_URL,
 CONVEYOR_MAX_NUM_SEQS) or click's CONVEYOR_<COMMAND>_<OPTION>. The worker's engine and worker options are
@@ -40,7 +40,8 @@ def _redis_url_option(ctx, param, value: str) -> str:
         raise click.BadParameter(str(exc)) from None
 
 
-def redis_options(f):
+def redis_connection_options(f):
+    """--redis-url, its socket timeout and the TLS options: every command that talks to Redis."""
     for decorator in reversed(
         [
             opt(
@@ -59,11 +60,15 @@ def redis_options(f):
             opt("--redis-certfile", default=None, help="TLS: client certificate"),
             opt("--redis-keyfile", default=None, help="TLS: client key"),
             opt("--redis-cert-reqs", type=click.Choice(["required", "optional", "none"]), default=None),
-            config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS),
         ]
     ):
         f = decorator(f)
     return f
+
+
+def redis_options(f):
+    """The connection options and the key names (--prefix, --stream)."""
+    return redis_connection_options(config_options(Keys, exclude=CLIENT_KEYS_NOT_OPTIONS)(f))
 
 
 def _client(kw: dict, cluster: bool = False):
@@ -233,6 +238,45 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     )
     heartbeat.update(engine.stats(), stepped=False)  # its KV pool is known before the first step
     return heartbeat
+
+
+@main.command()
+@redis_connection_options
+@opt("--prefix", default="conveyor", help="key prefix (the workers' --prefix)")
+@opt("--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)")
+@opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards")
+@opt("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+@opt("--port", type=int, default=8000)
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    envvar="CONVEYOR_API_KEYS",
+    help="KEY (tenant 'default') or TENANT=KEY; repeatable; env CONVEYOR_API_KEYS, comma-separated. "
+    "None given: no key is asked for",
+)
+@opt("--max-body-bytes", type=click.IntRange(min=1024), default=1 << 20, help="larger bodies get 413")
+@opt("--max-queued", type=click.IntRange(min=0), default=0, help="queued jobs per model before 429 (0: off)")
+@opt("--request-timeout", type=click.FloatRange(min=0.1), default=600.0, help="seconds before 504")
+@opt(
+    "--metrics-port", type=int, default=0, help="Prometheus port of its own (0: off; /metrics is served too)"
+)
+@opt("--log-level", default="info")
+def serve(**kw: Any) -> None:
+    """The OpenAI-compatible HTTP API over the queue (stateless: run as many as you like)."""
+    from pydantic import ValidationError
+
+    from worker.gateway.serve import run
+    from worker.gateway.settings import GatewaySettings, parse_api_keys
+
+    try:
+        kw["api_keys"] = parse_api_keys(kw["api_keys"])
+        kw["request_timeout_s"] = kw.pop("request_timeout")
+        log_level = kw.pop("log_level")
+        settings = GatewaySettings(**kw)
+    except (ValueError, ValidationError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    run(settings, log_level)
 
 
 @main.command()

@@ -1,0 +1,41 @@
+"""The gateway's frame: settings and API keys, OpenAI error objects, the body limit, /health against a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from worker.gateway.app import create_app
+from worker.gateway.settings import GatewaySettings, parse_api_keys
+
+
+def test_api_keys_name_their_tenant_or_default():
+    assert parse_api_keys(["k1", "acme=k2,beta=k3", " "]) == {"k1": "default", "k2": "acme", "k3": "beta"}
+    with pytest.raises(ValueError):
+        parse_api_keys(["a=k", "b=k"])
+    with pytest.raises(ValueError):
+        GatewaySettings(api_keys={"k": "not a tenant"})
+
+
+@pytest.mark.redis
+def test_health_answers_and_unknown_paths_are_openai_errors(redis_server):
+    with TestClient(create_app(GatewaySettings(redis_url=redis_server.url))) as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        missing = http.get("/v1/nothing-here")
+        assert missing.status_code == 404
+        assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_health_is_503_without_redis():
+    from worker.local_redis import free_port
+
+    settings = GatewaySettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_socket_timeout=1)
+    with TestClient(create_app(settings)) as http:
+        assert http.get("/health").status_code == 503
+
+
+def test_a_body_over_the_limit_is_413_before_any_route_reads_it():
+    settings = GatewaySettings(redis_url="redis://127.0.0.1:1/0", max_body_bytes=1024)
+    with TestClient(create_app(settings)) as http:
+        answer = http.post("/v1/chat/completions", content=b"x" * 2048)
+        assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"

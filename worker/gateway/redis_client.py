@@ -1,0 +1,29 @@
+"""The gateway's `redis.asyncio` client, made as worker.connection.connect makes the worker's (bytes, RESP2,
+TLS options for rediss://), with redis-py's retries off: a request's own deadline decides how long to try."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from worker.connection import TlsOptions
+from worker.gateway.settings import GatewaySettings
+
+
+def connect_async(settings: GatewaySettings):
+    tls = TlsOptions(
+        settings.redis_ca_certs, settings.redis_certfile, settings.redis_keyfile, settings.redis_cert_reqs
+    )
+    extra = tls.kwargs() if settings.redis_url.startswith("rediss://") else {}
+    common = dict(
+        decode_responses=False,
+        socket_timeout=settings.redis_socket_timeout,
+        socket_connect_timeout=min(5.0, settings.redis_socket_timeout),
+        **extra,
+    )
+    if settings.cluster:
+        return aioredis.RedisCluster.from_url(settings.redis_url, **common)
+    return aioredis.Redis.from_url(
+        settings.redis_url, protocol=2, health_check_interval=15, retry=Retry(NoBackoff(), 0), **common
+    )
