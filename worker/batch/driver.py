@@ -100,7 +100,9 @@ class BatchDriver:
         stopped = sink.stop()
         if stopped is CANCELLED:
             self._finish(batch, tenant, "cancelled", fence)
-        elif stopped is EXPIRED:
+        elif stopped is EXPIRED or (time.time() >= batch.expires_at and self._failed(batch.id)):
+            # Past the window with lines that failed (the workers stop jobs at their deadline, so all
+            # lines may be answered before the stop is seen): the window was not met.
             self._finish(batch, tenant, "expired", fence)
         elif (
             self.store.move(
@@ -136,6 +138,10 @@ class BatchDriver:
         self.client.delete(*(self.keys.batch(batch_id, p) for p in ("answered", "output", "errors")))
         self.store.forget_open(batch_id)
         lease.release()
+
+    def _failed(self, batch_id: str) -> int:
+        raw: Any = self.client.hget(self.keys.batch(batch_id), "failed")
+        return int(raw or 0)
 
     def _status(self, batch_id: str) -> str | None:
         raw: Any = self.client.hget(self.keys.batch(batch_id), "status")

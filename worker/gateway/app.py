@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import make_asgi_app
 
-from worker.gateway import errors, health
+from worker.gateway import batch_api, errors, health
 from worker.gateway.body_limit import BodyLimit
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
@@ -42,7 +42,11 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     app.state.keys = Keys(prefix=settings.prefix)
     app.state.starters = []
     errors.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Uploads to /v1/files have a limit of their own: the file's (--max-file-bytes, checked exactly by the
+    # route) plus room for the multipart framing and the other form fields.
+    uploads = {"/v1/files": settings.batches.max_file_bytes + 64 * 1024}
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, paths=uploads)
     app.include_router(health.router)
+    batch_api.install(app, settings)
     app.mount("/metrics", make_asgi_app())  # the process's Prometheus registry (worker/gateway/metrics.py)
     return app
