@@ -59,6 +59,9 @@ class JobTemplate:
     # (custom_id, line) -> job id; the default names a job by its line (`conveyor batch`).
     job_id: Callable[[str, str], str] = lambda custom_id, line: job_id_for(line)
     fields: dict = field(default_factory=dict)  # e.g. tenant, deadline_ms
+    # How a line's job is queued: the shard whose output stream will hold its events; may raise LineError
+    # (the line is answered with it). None: `queue.submit(job)`, the queue's own stream.
+    submit: Callable[[JobQueue, BatchRequest], int] | None = None
 
 
 @dataclass
@@ -138,7 +141,15 @@ class BatchRunner:
                 stop = sink.stop()
             if stop is not None:
                 break
-            shard = self.queue.submit(request.job)
+            try:
+                shard = (
+                    template.submit(self.queue, request)
+                    if template.submit
+                    else self.queue.submit(request.job)
+                )
+            except LineError as exc:
+                self._write(request.custom_id, line_error(request.custom_id, exc.code, exc.message), False)
+                continue
             wants = request.job.get("logprobs") is not None
             inflight[self.queue.keys(shard).out(request.job["id"])] = _InFlight(
                 request, Cursor(shard), logprobs={} if wants else None
