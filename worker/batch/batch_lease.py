@@ -23,6 +23,10 @@ return 0
 """
 
 
+class Handover(Exception):
+    """This replica is stopping: it stops driving the batch and releases the lease for another one."""
+
+
 class BatchLease:
     def __init__(self, client: redis.Redis, key: str, ttl_ms: int, holder: str) -> None:
         self.client, self.key, self.ttl_ms = client, key, ttl_ms

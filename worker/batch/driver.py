@@ -14,6 +14,7 @@ the start of their output streams; lines already answered are skipped.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from typing import Any
 
@@ -47,19 +48,25 @@ class BatchDriver:
         self.client, self.queue, self.keys, self.files, self.cfg = client, queue, keys, files, cfg
         self.store = BatchStore(client, keys)
 
-    def drive(self, batch_id: str, lease: BatchLease) -> None:
-        """Raises LeaseLost (from batch_store) when another replica took the batch over."""
+    def drive(self, batch_id: str, lease: BatchLease, leaving: threading.Event | None = None) -> None:
+        """Raises LeaseLost (from batch_store) when another replica took the batch over, Handover when
+        `leaving` is set (this replica stops) while lines run."""
         batch, owner = self.store.get(None, batch_id), self.store.owner_of(batch_id)
         if batch is None or owner is None:
             self.store.forget_open(batch_id)
             return
         fence = (lease.key, lease.token)
         if batch.status not in FINAL_STATUSES:
-            self._run(batch, owner, lease, fence)
+            self._run(batch, owner, lease, fence, leaving)
         self._clean_up(batch_id, lease)
 
     def _run(
-        self, batch: BatchObject, owner: tuple[str, bool], lease: BatchLease, fence: tuple[str, str]
+        self,
+        batch: BatchObject,
+        owner: tuple[str, bool],
+        lease: BatchLease,
+        fence: tuple[str, str],
+        leaving: threading.Event | None,
     ) -> None:
         now = int(time.time())
         tenant, tag_jobs = owner
@@ -90,7 +97,7 @@ class BatchDriver:
         if content is None:
             self._finish(batch, tenant, "failed", fence, errors=[_gone(batch.input_file_id)])
             return
-        sink = RedisSink(self.client, self.keys, batch.id, lease, batch.expires_at)
+        sink = RedisSink(self.client, self.keys, batch.id, lease, batch.expires_at, leaving=leaving)
         runner = BatchRunner(self.queue, max_in_flight=self.cfg.max_in_flight, drain_s=self.cfg.drain_s)
         template = JobTemplate(
             job_id=lambda custom_id, line: batch_job_id(batch.id, custom_id),

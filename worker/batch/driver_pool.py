@@ -12,7 +12,7 @@ import threading
 import redis
 import structlog
 
-from worker.batch.batch_lease import BatchLease
+from worker.batch.batch_lease import BatchLease, Handover
 from worker.batch.batch_store import LeaseLost
 from worker.batch.driver import BatchDriver
 
@@ -31,11 +31,16 @@ class DriverPool:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stops taking batches; batches being driven go on until the process ends (then their leases
-        expire and another replica continues them)."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stops taking batches and hands the batches it drives over: each driver stops at its next check
+        and releases its lease, so another replica continues at once (a killed replica's leases expire
+        instead)."""
         self._stopping.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout_s)
+        with self._lock:
+            threads = list(self._driving.values())
+        for thread in threads:
+            thread.join(timeout=timeout_s)
 
     def driving(self) -> list[str]:
         with self._lock:
@@ -71,7 +76,10 @@ class DriverPool:
     def _drive(self, batch_id: str, lease: BatchLease) -> None:
         log.info("driving batch", batch=batch_id, holder=self.holder)
         try:
-            self.driver.drive(batch_id, lease)
+            self.driver.drive(batch_id, lease, self._stopping)
+        except Handover:
+            lease.release()
+            log.info("batch handed over: this replica stops", batch=batch_id)
         except LeaseLost:
             log.warning("batch lease lost: another replica drives it now", batch=batch_id)
         except Exception:  # the lease expires and a replica (maybe this one) tries again

@@ -12,12 +12,13 @@ second answer for the same custom_id, writes nothing.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import redis
 
-from worker.batch.batch_lease import BatchLease
+from worker.batch.batch_lease import BatchLease, Handover
 from worker.batch.batch_store import LeaseLost
 from worker.batch.resume import Answered
 from worker.batch.sink import Stop
@@ -54,14 +55,16 @@ class RedisSink:
         lease: BatchLease,
         expires_at: int,
         check_every_s: float = 0.25,
+        leaving: threading.Event | None = None,
     ) -> None:
+        """`leaving`: set when this replica stops; the run then ends with Handover."""
         self.client, self.lease = client, lease
         self.batch_key = keys.batch(batch_id)
         self._keys = [lease.key, *(keys.batch(batch_id, p) for p in ("answered", "output", "errors"))]
         self._keys.append(self.batch_key)
         self._write = client.register_script(_WRITE)
         self._total = client.register_script(_TOTAL)
-        self.expires_at, self.check_every_s = expires_at, check_every_s
+        self.expires_at, self.check_every_s, self.leaving = expires_at, check_every_s, leaving
         self._checked = 0.0
         self._stop: Stop | None = None
 
@@ -79,7 +82,10 @@ class RedisSink:
             raise LeaseLost(self.batch_key)
 
     def stop(self) -> Stop | None:
-        """At most every check_every_s: renew the lease (LeaseLost when gone), then cancelled? expired?"""
+        """At most every check_every_s: renew the lease (LeaseLost when gone), then cancelled? expired?
+        Raises Handover once the replica is leaving."""
+        if self.leaving is not None and self.leaving.is_set():
+            raise Handover(self.batch_key)
         now = time.monotonic()
         if self._stop is not None or now - self._checked < self.check_every_s:
             return self._stop

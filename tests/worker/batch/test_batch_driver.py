@@ -183,3 +183,30 @@ def test_a_file_that_fails_validation_fails_the_batch(r, redis_server):
         ("mismatched_endpoint", 4),
     ]
     assert r.xlen(K.requests) == 0  # nothing ran
+
+
+def test_a_stopping_replica_hands_its_batch_over_at_once(r, redis_server, engine):
+    n = 40
+    batch_id = _submit(r, [_line(f"h{i}", max_tokens=6) for i in range(n)])
+    store = BatchStore(r, K)
+    leaving = make_pool(
+        redis_server.url, "replica-a", lease_ms=60_000, max_in_flight=4
+    )  # would hold it a minute
+    with running_worker(engine, redis_server.url):
+        leaving.start()
+        wait_until(lambda: store.get("t1", batch_id).request_counts.completed >= 5, 120, "5 lines answered")  # type: ignore[union-attr]
+        leaving.stop()
+        assert (
+            leaving.driving() == [] and r.get(K.batch(batch_id, "lease")) is None
+        )  # released, not left to expire
+        assert store.get("t1", batch_id).status == "in_progress"  # type: ignore[union-attr]
+        taking = make_pool(redis_server.url, "replica-b", lease_ms=60_000, max_in_flight=4)
+        taking.start()
+        try:
+            b = _wait_final(r, batch_id, 60)
+        finally:
+            taking.stop()
+    assert b.status == "completed" and b.request_counts.completed == n
+    assert Counter(x["custom_id"] for x in _file_lines(r, b.output_file_id)) == Counter(
+        {f"h{i}": 1 for i in range(n)}
+    )
