@@ -39,7 +39,7 @@ class BatchApi:
 def install(app: FastAPI, settings: GatewaySettings) -> None:
     from worker.gateway import batches_api, files_api
 
-    app.state.batch_api = _make(settings, app.state.keys)
+    app.state.batch_api = make_batch_api(settings, app.state.keys)
     app.include_router(files_api.router)
     app.include_router(batches_api.router)
     app.state.starters.append(_run_drivers)
@@ -63,7 +63,7 @@ async def _run_drivers(app: FastAPI) -> None:
         await asyncio.to_thread(api.pool.stop)
 
 
-def _make(settings: GatewaySettings, keys: Keys) -> BatchApi:
+def make_batch_api(settings: GatewaySettings, keys: Keys) -> BatchApi:
     tls = TlsOptions(
         settings.redis_ca_certs, settings.redis_certfile, settings.redis_keyfile, settings.redis_cert_reqs
     )
