@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -26,8 +27,10 @@ from worker.batch.batch_lease import BatchLease
 from worker.batch.batch_store import BatchStore
 from worker.batch.file_store import FileStore
 from worker.batch.input_checks import check_input, input_lines
+from worker.batch.openai_input import BatchRequest
 from worker.batch.redis_sink import CANCELLED, EXPIRED, RedisSink
 from worker.batch.runner import BatchRunner, JobTemplate
+from worker.batch.sink import Stop
 from worker.job_queue import JobQueue
 from worker.keys import Keys
 
@@ -43,9 +46,17 @@ def output_file_id(batch_id: str, part: str) -> str:
 
 class BatchDriver:
     def __init__(
-        self, client: redis.Redis, queue: JobQueue, keys: Keys, files: FileStore, cfg: BatchApiConfig
+        self,
+        client: redis.Redis,
+        queue: JobQueue,
+        keys: Keys,
+        files: FileStore,
+        cfg: BatchApiConfig,
+        submit: Callable[[JobQueue, BatchRequest], int] | None = None,
     ) -> None:
+        """`submit`: how a line's job is queued (JobTemplate.submit; None: the queue's own stream)."""
         self.client, self.queue, self.keys, self.files, self.cfg = client, queue, keys, files, cfg
+        self.submit = submit
         self.store = BatchStore(client, keys)
 
     def drive(self, batch_id: str, lease: BatchLease, leaving: threading.Event | None = None) -> None:
@@ -68,32 +79,10 @@ class BatchDriver:
         fence: tuple[str, str],
         leaving: threading.Event | None,
     ) -> None:
-        now = int(time.time())
         tenant, tag_jobs = owner
         content = self.files.content(tenant, batch.input_file_id)
-        if batch.status in ("validating", "cancelling") and batch.in_progress_at is None:
-            if batch.status == "cancelling":  # cancelled before it started: nothing ran, nothing to write
-                self.store.move(batch.id, {"cancelling"}, {"status": "cancelled", "cancelled_at": now}, fence)
-                return
-            errors = (
-                check_input(content, batch.endpoint, self.cfg.max_lines)
-                if content is not None
-                else [_gone(batch.input_file_id)]
-            )
-            if errors:
-                failed = {
-                    "status": "failed",
-                    "failed_at": now,
-                    "errors": BatchErrors(data=errors).model_dump(),
-                }
-                self.store.move(batch.id, {"validating"}, failed, fence)
-                return
-            moved = self.store.move(
-                batch.id, {"validating"}, {"status": "in_progress", "in_progress_at": now}, fence
-            )
-            if not moved:  # cancelled meanwhile
-                self.store.move(batch.id, {"cancelling"}, {"status": "cancelled", "cancelled_at": now}, fence)
-                return
+        if batch.in_progress_at is None and not self._start(batch, content, fence):
+            return
         if content is None:
             self._finish(batch, tenant, "failed", fence, errors=[_gone(batch.input_file_id)])
             return
@@ -102,24 +91,46 @@ class BatchDriver:
         template = JobTemplate(
             job_id=lambda custom_id, line: batch_job_id(batch.id, custom_id),
             fields={"deadline_ms": batch.expires_at * 1000, **({"tenant": tenant} if tag_jobs else {})},
+            submit=self.submit,
         )
         runner.drive(lambda: input_lines(content), sink, template)
-        stopped = sink.stop()
+        self._finish(batch, tenant, self._outcome(batch, sink.stop(), fence), fence)
+
+    def _start(self, batch: BatchObject, content: bytes | None, fence: tuple[str, str]) -> bool:
+        """validating -> in_progress (True), or -> failed / cancelled (False)."""
+        now = int(time.time())
+        cancelled = {"status": "cancelled", "cancelled_at": now}
+        if batch.status == "cancelling":  # cancelled before it started: nothing ran, nothing to write
+            self.store.move(batch.id, {"cancelling"}, cancelled, fence)
+            return False
+        if content is None:
+            errors = [_gone(batch.input_file_id)]
+        else:
+            errors = check_input(content, batch.endpoint, self.cfg.max_lines)
+        if errors:
+            failed = {"status": "failed", "failed_at": now, "errors": BatchErrors(data=errors).model_dump()}
+            self.store.move(batch.id, {"validating"}, failed, fence)
+            return False
+        if self.store.move(batch.id, {"validating"}, {"status": "in_progress", "in_progress_at": now}, fence):
+            return True
+        self.store.move(batch.id, {"cancelling"}, cancelled, fence)  # cancelled meanwhile
+        return False
+
+    def _outcome(self, batch: BatchObject, stopped: Stop | None, fence: tuple[str, str]) -> str:
+        """The final status once every line is answered."""
         if stopped is CANCELLED:
-            self._finish(batch, tenant, "cancelled", fence)
-        elif stopped is EXPIRED or (time.time() >= batch.expires_at and self._failed(batch.id)):
+            return "cancelled"
+        if stopped is EXPIRED or (time.time() >= batch.expires_at and self._failed(batch.id)):
             # Past the window with lines that failed (the workers stop jobs at their deadline, so all
             # lines may be answered before the stop is seen): the window was not met.
-            self._finish(batch, tenant, "expired", fence)
-        elif (
-            self.store.move(
-                batch.id, {"in_progress"}, {"status": "finalizing", "finalizing_at": int(time.time())}, fence
-            )
+            return "expired"
+        finalizing = {"status": "finalizing", "finalizing_at": int(time.time())}
+        if (
+            self.store.move(batch.id, {"in_progress"}, finalizing, fence)
             or self._status(batch.id) == "finalizing"
         ):
-            self._finish(batch, tenant, "completed", fence)
-        else:  # cancelled after its last line ended: what ran is its output
-            self._finish(batch, tenant, "cancelled", fence)
+            return "completed"
+        return "cancelled"  # cancelled after its last line ended: what ran is its output
 
     def _finish(
         self, batch: BatchObject, tenant: str, status: str, fence: tuple[str, str], errors: list | None = None

@@ -135,7 +135,7 @@ def test_cancel_answers_every_line_and_ends_cancelled(r, redis_server):
     pool.start()
     try:
         store = BatchStore(r, K)
-        wait_until(lambda: store.get("t1", batch_id).status == "in_progress", 30, "in_progress")  # type: ignore[union-attr]
+        wait_until(lambda: r.xlen(K.requests) == 5, 30, "the 5 jobs enqueued")
         assert store.cancel("t1", batch_id).status == "cancelling"  # type: ignore[union-attr]
         b = _wait_final(r, batch_id, 30)
     finally:
