@@ -26,9 +26,12 @@ class DriverPool:
         self._driving: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="batch-drivers", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start looking for batches (again, after a stop: an app may be started more than once)."""
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="batch-drivers", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -36,7 +39,8 @@ class DriverPool:
         and releases its lease, so another replica continues at once (a killed replica's leases expire
         instead)."""
         self._stopping.set()
-        self._thread.join(timeout=timeout_s)
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
         with self._lock:
             threads = list(self._driving.values())
         for thread in threads:

@@ -228,3 +228,38 @@ def test_cancel_expiry_errors_and_tenants(deployment):
     assert alice.files.delete(f.id).deleted
     with pytest.raises(openai.NotFoundError):
         alice.files.retrieve(f.id)
+
+
+def test_without_api_keys_one_tenant_and_jobs_carry_none(redis_server):
+    import redis
+    from fastapi.testclient import TestClient
+
+    from worker.batch.api_config import BatchApiConfig
+    from worker.gateway.app import create_app
+    from worker.gateway.settings import GatewaySettings
+
+    r = redis.Redis.from_url(redis_server.url)
+    r.flushall()
+    quick = BatchApiConfig(poll_s=0.1, drain_s=0.3)
+    app = create_app(GatewaySettings(redis_url=redis_server.url, batches=quick))
+    with TestClient(app) as http:
+        up = http.post("/v1/files", files={"file": ("a.jsonl", _lines(2))}, data={"purpose": "batch"})
+        assert up.status_code == 200 and up.json()["object"] == "file"
+        body = {
+            "input_file_id": up.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "1h",
+        }
+        batch = http.post("/v1/batches", json=body).json()
+        wait_until(lambda: r.xlen(K.requests) == 2, 30, "the batch's 2 jobs enqueued", 0.05)
+    job = json.loads(r.xrange(K.requests)[0][1][b"job"])
+    assert "tenant" not in job and job["deadline_ms"] == batch["expires_at"] * 1000
+    with TestClient(app) as http:  # the same app started again: its drivers too
+        assert http.post(f"/v1/batches/{batch['id']}/cancel").json()["status"] == "cancelling"
+        wait_until(
+            lambda: http.get(f"/v1/batches/{batch['id']}").json()["status"] == "cancelled", 30, "cancelled"
+        )
+        too_big = http.post(
+            "/v1/files", content=b"x" * 100, headers={"content-length": str(64 * 1024 * 1024 + 70 * 1024)}
+        )
+        assert too_big.status_code == 413
