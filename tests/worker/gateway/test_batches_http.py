@@ -129,7 +129,7 @@ def test_200_lines_survive_the_kill_of_their_replica(deployment, redis_server):
         120,
         "20 lines answered",
         0.05,
-    )  # type: ignore[union-attr]
+    )
     holder = r.get(K.batch(batch.id, "lease"))
     assert holder is not None
     pid = int(holder.decode().split(":")[0].rsplit("-", 1)[1])
@@ -172,7 +172,7 @@ def test_cancel_expiry_errors_and_tenants(deployment):
         )
     with pytest.raises(openai.BadRequestError):
         f = alice.files.create(file=("a.jsonl", io.BytesIO(_lines(1))), purpose="batch")
-        alice.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")  # type: ignore[arg-type]
+        alice.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
     with pytest.raises(openai.AuthenticationError):
         alive.client().with_options(api_key="wrong").files.list()
 
