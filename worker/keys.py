@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -15,10 +16,22 @@ class Keys:
         default="", metadata={"help": "requests stream (default <prefix>:requests)", "cli": "stream"}
     )
     dead_stream: str = field(default="", metadata={"help": "dead-letter stream (default <prefix>:dead)"})
+    served_model: str = field(
+        default="",
+        metadata={
+            "help": "the model name clients ask for; given, its jobs have a stream of their own, "
+            "<prefix>:requests:<name> (default: the checkpoint folder's name, on <prefix>:requests)",
+            "cli": "served-model-name",
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.served_model and not SERVED_MODEL.match(self.served_model):
+            raise ValueError(f"served model name {self.served_model!r} does not match {SERVED_MODEL.pattern}")
 
     @property
     def requests(self) -> str:
-        return self.requests_stream or f"{self.prefix}:requests"
+        return self.requests_stream or requests_stream_name(self.prefix, self.served_model)
 
     @property
     def dead(self) -> str:
@@ -77,6 +90,17 @@ class Keys:
     def batches_open(self) -> str:
         """Set of the ids of batches not yet in a final state: what the gateways' drivers take leases on."""
         return f"{self.prefix}:batches:open"
+
+
+# A served model name: hub ids ("org/name"), tags ("name:8b"); no spaces or braces (cluster hash tags).
+SERVED_MODEL = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+
+
+def requests_stream_name(prefix: str, served_model: str = "") -> str:
+    """The one rule for where a model's jobs go: a deployment that names its model (--served-model-name)
+    has a stream per model, so workers of two models never read each other's jobs; one that names none
+    keeps protocol version 1's single stream."""
+    return f"{prefix}:requests:{served_model}" if served_model else f"{prefix}:requests"
 
 
 # Field names inside stream entries.

@@ -28,6 +28,8 @@ _SHARED = (
     "min_p",
     "repetition_penalty",
     "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
     "structured_outputs",
 )
 # Accepted and ignored: they change nothing about the tokens (the model is whatever the workers serve).
@@ -83,8 +85,16 @@ def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
         raise LineError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
     if not isinstance(body, dict):
         raise LineError("invalid_request", "body must be a JSON object")
+    job, model = job_from_body(url, body, job_id or job_id_for(line))
+    return BatchRequest(custom_id, url, job, model or "conveyor")
+
+
+def job_from_body(url: str, body: dict, job_id: str) -> tuple[dict, str | None]:
+    """A chat or completions request body (OpenAI's fields) -> (job, the body's model). Raises LineError for
+    a field that cannot be honoured, naming it. Shared by the Batch API and the HTTP gateway (which takes
+    `stream` and `stream_options` out of the body before)."""
     body = dict(body)
-    job: dict = {"id": job_id or job_id_for(line)}
+    job: dict = {"id": job_id}
     if url == CHAT_URL:
         job["messages"] = _messages(body.pop("messages", None))
         _tokens_limit(body, job, "max_completion_tokens", "max_tokens")
@@ -108,10 +118,10 @@ def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
         body.pop(name, None)
     for name, allowed in _OFF_OR_ABSENT.items():
         if name in body and body.pop(name) not in (allowed, None):
-            raise LineError("unsupported_field", f"{name} is not supported by conveyor batch")
+            raise LineError("unsupported_field", f"{name} is not supported")
     if body:
         raise LineError("unsupported_field", f"fields not supported: {', '.join(sorted(body))}")
-    return BatchRequest(custom_id, url, job, model if isinstance(model, str) else "conveyor")
+    return job, model if isinstance(model, str) else None
 
 
 def _tokens_limit(body: dict, job: dict, *names: str) -> None:

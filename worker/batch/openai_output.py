@@ -16,19 +16,7 @@ from typing import Any
 
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
-
-# Worker error codes that are the caller's fault (HTTP 400); the rest are the server's (500).
-_CLIENT_ERRORS = {
-    "invalid_json",
-    "invalid_job",
-    "unknown_field",
-    "invalid_params",
-    "payload_too_large",
-    "prompt_too_long",
-    "max_tokens_too_large",
-    "rejected",
-    "deadline_exceeded",
-}
+from worker.error_codes import http_status
 
 
 def _line(custom_id: str, response: dict | None, error: dict | None) -> str:
@@ -57,22 +45,11 @@ def from_event(
     gathered from the token events) when the line asked for them."""
     if event.get("type") == "error":
         code = str(event.get("code", "internal_error"))
-        body: dict[str, Any] = {
-            "error": {
-                "message": event.get("message", ""),
-                "type": "invalid_request_error",
-                "param": None,
-                "code": code,
-            }
-        }
-        if code not in _CLIENT_ERRORS:
-            body["error"]["type"] = "server_error"
-        status = 400 if code in _CLIENT_ERRORS else 500
-        return _line(custom_id, {"status_code": status, "request_id": job_id, "body": body}, None), False, 0
-    texts = event.get("texts") or [event.get("text", "")]
+        status, type_ = http_status(code)
+        error = {"message": event.get("message", ""), "type": type_, "param": None, "code": code}
+        response = {"status_code": status, "request_id": job_id, "body": {"error": error}}
+        return _line(custom_id, response, None), False, 0
     reasons = event.get("finish_reasons") or [event.get("finish_reason", "stop")]
-    usage = event.get("usage", {})
-    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     if "abort" in reasons:  # cancelled or past its deadline: no completion to report
         why = event.get("reason") or "aborted"
         error = {
@@ -86,6 +63,19 @@ def from_event(
             False,
             0,
         )
+    body = response_body(url, model, job_id, event, logprobs)
+    completion = body["usage"]["completion_tokens"]
+    return _line(custom_id, {"status_code": 200, "request_id": job_id, "body": body}, None), True, completion
+
+
+def response_body(
+    url: str, model: str, job_id: str, event: dict, logprobs: dict[int, SampleLogprobs] | None = None
+) -> dict[str, Any]:
+    """A done event as OpenAI's `chat.completion` or `text_completion` body (the gateway's answer too)."""
+    texts = event.get("texts") or [event.get("text", "")]
+    reasons = event.get("finish_reasons") or [event.get("finish_reason", "stop")]
+    usage = event.get("usage", {})
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     chat = url == CHAT_URL
     choices: list[dict[str, Any]] = []
     for k, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
@@ -98,7 +88,7 @@ def from_event(
             choices.append({"index": k, "message": message, "finish_reason": reason, "logprobs": shown})
         else:
             choices.append({"index": k, "text": text, "finish_reason": reason, "logprobs": shown})
-    body = {
+    return {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{job_id}",
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
@@ -110,4 +100,3 @@ def from_event(
             "total_tokens": prompt + completion,
         },
     }
-    return _line(custom_id, {"status_code": 200, "request_id": job_id, "body": body}, None), True, completion

@@ -133,7 +133,7 @@ def main() -> None:
 @main.command()
 @config_options(EngineConfig)
 @redis_options
-@config_options(Keys, exclude=("prefix", "requests_stream"))
+@config_options(Keys, exclude=("prefix", "requests_stream", "served_model"))
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
 @config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
 @config_options(Limits)
@@ -229,7 +229,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
         client,
         cfg.keys,
         consumer=cfg.consumer,
-        model=group_name(model),
+        model=cfg.keys.served_model or group_name(model),
         group=cfg.group,
         streams=streams,
         max_model_len=engine.max_model_len,
@@ -268,6 +268,7 @@ def serve(**kw: Any) -> None:
     """The OpenAI-compatible HTTP API over the queue (stateless: run as many as you like)."""
     from pydantic import ValidationError
 
+    from worker.cli import logs
     from worker.gateway.serve import run
     from worker.gateway.settings import GatewaySettings, parse_api_keys
 
@@ -277,6 +278,7 @@ def serve(**kw: Any) -> None:
         log_level = kw.pop("log_level")
         kw["batches"] = BatchApiConfig(**pop_config_kwargs(BatchApiConfig, kw))
         settings = GatewaySettings(**kw)
+        logs.configure(log_level)
     except (ValueError, ValidationError) as exc:
         raise click.BadParameter(str(exc)) from None
     run(settings, log_level)

@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from prometheus_client import make_asgi_app
 
-from worker.gateway import batch_api, errors, health
+from worker.gateway import batch_api, completions, errors, health, models
 from worker.gateway.body_limit import BodyLimit
+from worker.gateway.fleet_view import FleetView
+from worker.gateway.metrics import Counted
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
+from worker.gateway.stream_hub import StreamHub
 from worker.keys import Keys
 
 
@@ -27,7 +29,14 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = client if client is not None else connect_async(settings)
+        app.state.fleet = FleetView(app.state.redis, app.state.keys)
+        # One reader for every output stream (a multi-key XREAD stays in one slot: not in a cluster).
+        app.state.hub = (
+            None if settings.cluster else StreamHub(app.state.redis, app.state.keys, settings.block_ms)
+        )
         tasks = [asyncio.create_task(start(app)) for start in app.state.starters]
+        if app.state.hub is not None:
+            tasks.append(asyncio.create_task(app.state.hub.run()))
         try:
             yield
         finally:
@@ -46,7 +55,9 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     # route) plus room for the multipart framing and the other form fields.
     uploads = {"/v1/files": settings.batches.max_file_bytes + 64 * 1024}
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, paths=uploads)
+    app.add_middleware(Counted)
     app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(completions.router)
     batch_api.install(app, settings)
-    app.mount("/metrics", make_asgi_app())  # the process's Prometheus registry (worker/gateway/metrics.py)
     return app

@@ -1,9 +1,11 @@
-"""`GET /health`: 200 when Redis answers (no key needed: load balancers probe it), 503 when it does not."""
+"""`GET /health`: 200 when Redis answers (no key needed: load balancers probe it), 503 when it does not;
+`GET /metrics`: Prometheus text."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.gateway.state import redis_of
 
@@ -17,3 +19,9 @@ async def health(request: Request) -> JSONResponse:
     except Exception as exc:  # any failure to reach Redis is "not ready"
         return JSONResponse({"status": "unavailable", "redis": str(exc)}, status_code=503)
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    """The process's Prometheus registry (worker/gateway/metrics.py), also without --metrics-port."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

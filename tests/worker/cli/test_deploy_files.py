@@ -84,3 +84,13 @@ def test_compose_cluster_runs_workers_in_cluster_mode():
     )
     assert worker["depends_on"]["cluster-init"]["condition"] == "service_completed_successfully"
     assert "container_name" not in worker and "ports" not in worker, "the worker could not scale"
+
+
+def test_compose_has_a_gateway_in_front_of_the_workers():
+    for files in (("compose.yaml",), ("compose.yaml", "compose.cpu.yaml")):
+        gateway = compose_config(*files)["services"]["gateway"]
+        assert gateway["command"] == ["serve"]
+        assert gateway["environment"]["CONVEYOR_HOST"] == "0.0.0.0"
+        assert [(p["host_ip"], p["target"]) for p in gateway["ports"]] == [("127.0.0.1", 8000)]
+        assert "/health" in " ".join(gateway["healthcheck"]["test"])
+        assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"

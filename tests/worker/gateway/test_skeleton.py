@@ -24,6 +24,9 @@ def test_health_answers_and_unknown_paths_are_openai_errors(redis_server):
         missing = http.get("/v1/nothing-here")
         assert missing.status_code == 404
         assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+        metrics = http.get("/metrics").text
+        assert 'conveyor_gateway_requests_total{path="other",status="404"}' in metrics
+        assert 'conveyor_gateway_requests_total{path="/health",status="200"}' in metrics
 
 
 def test_health_is_503_without_redis():
@@ -39,3 +42,10 @@ def test_a_body_over_the_limit_is_413_before_any_route_reads_it():
     with TestClient(create_app(settings)) as http:
         answer = http.post("/v1/chat/completions", content=b"x" * 2048)
         assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"
+
+        def chunks():  # no Content-Length: counted while the route reads it
+            yield b"x" * 1000
+            yield b"x" * 1000
+
+        chunked = http.post("/v1/completions", content=chunks())
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "payload_too_large"

@@ -1,0 +1,310 @@
+"""The same greedy workload through the HTTP gateway (N concurrent streaming clients) and through Redis
+directly, in one run, on one worker: throughput ratio and the gateway's added latency per token.
+
+    python benchmarks/http_e2e.py --quick               # 64 requests, prompts and outputs <= 128
+    python benchmarks/http_e2e.py --model tiny --quick  # the tiny test model
+
+Workload and engine settings are benchmarks/redis_e2e.py's (benchmarks/workload.py). One Worker runs on a
+thread (as in `conveyor worker`) with its registry heartbeat, serving the model as "bench":
+  redis:   every job XADDed at once; a client process reads every output stream to its terminal event;
+  gateway: `conveyor serve` in its own process; a client process runs N concurrent streaming
+           /v1/completions requests (prompt token ids, SSE, include_usage), while a second process reads
+           the same jobs' output streams from Redis, as in the redis run.
+Added latency per token: for each SSE chunk, the time the HTTP client read it minus the time the Redis
+reader read the same token event (the k-th of that job; jobs ask for the sampled token's logprob, so
+every event has a chunk). Targets: gateway throughput
+>= 90% of Redis directly; added latency p99 < 5 ms. Writes JSON to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
+from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
+from worker import local_redis  # noqa: E402
+from worker.cli.tiny_model import resolve_model  # noqa: E402
+from worker.config import WorkerConfig  # noqa: E402
+from worker.connection import connect  # noqa: E402
+from worker.keys import EVENT_FIELD, Keys  # noqa: E402
+
+MODEL = "bench"
+
+
+def read_streams(url: str, prefix: str, ids: list[str], ready, result) -> None:
+    """Client process: every output stream from its start to its terminal event; per job, the read time
+    of each token event, in order."""
+    client = connect(url)
+    keys = Keys(prefix)
+    cursors = {keys.out(i): b"0" for i in ids}
+    tokens, seen = 0, {i: [] for i in ids}
+    ready.set()
+    while cursors:
+        for key, entries in client.xread(dict(cursors), block=5000, count=1000) or []:
+            key = key.decode()
+            job_id = key.rsplit(":", 1)[-1]
+            for entry_id, fields in entries:
+                event = json.loads(fields[EVENT_FIELD])
+                cursors[key] = entry_id
+                if event["type"] == "token":
+                    tokens += len(event["token_ids"])
+                    seen[job_id].append(time.time())
+                else:
+                    cursors.pop(key)
+                    break
+    result.put((tokens, time.perf_counter(), seen))
+
+
+def http_clients(base: str, requests: list[tuple[str, dict]], clients: int, ready, go, result) -> None:
+    """Client process: `clients` concurrent streaming requests; per job, the read time of each chunk."""
+    import httpx
+
+    async def main() -> tuple[int, float, dict]:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        seen: dict[str, list[float]] = {}
+        tokens = 0
+        gate = asyncio.Semaphore(clients)
+        async with httpx.AsyncClient(base_url=base, limits=limits, timeout=600) as http:
+
+            async def one(job_id: str, body: dict) -> None:
+                nonlocal tokens
+                times = seen.setdefault(job_id, [])
+                async with (
+                    gate,
+                    http.stream(
+                        "POST", "/v1/completions", json=body, headers={"X-Request-Id": job_id}
+                    ) as answer,
+                ):
+                    assert answer.status_code == 200, await answer.aread()
+                    async for line in answer.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunk = json.loads(line[6:])
+                        if chunk.get("usage"):
+                            tokens += chunk["usage"]["completion_tokens"]
+                        if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:
+                            times.append(time.time())
+
+            ready.set()
+            go.wait()
+            await asyncio.gather(*(one(job_id, body) for job_id, body in requests))
+        return tokens, time.perf_counter(), seen
+
+    result.put(asyncio.run(main()))
+
+
+def start_worker(args, url: str, keys: Keys):
+    from worker.cli.main import registry_heartbeat
+    from worker.run.loop import Worker
+    from worker.run.metrics import Metrics
+    from worker.run.observer import Tracer
+
+    engine = make_engine(args)
+    warm_up(engine, args.workload)
+    client = connect(url)
+    cfg = WorkerConfig(group=MODEL, consumer="bench-1", keys=keys)
+    tracer = Tracer(Metrics({"consumer": "bench-1"}))
+    worker = Worker(engine, client, cfg, observer=tracer)
+    tracer.heartbeat = registry_heartbeat(client, cfg, engine, args.model, worker)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def job_body(job) -> dict:
+    return {
+        "model": MODEL,
+        "prompt": job.prompt_token_ids,
+        "max_tokens": job.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        # The sampled token's logprob: every token event then has a chunk of its own (an event whose text is
+        # held back has none without it), so chunks and events pair one to one. Both runs ask for it.
+        "logprobs": 0,
+    }
+
+
+def run_redis(url: str, keys: Keys, workload, ctx) -> dict:
+    ids = [f"r{k}" for k in range(len(workload))]
+    ready, result = ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=read_streams, args=(url, keys.prefix, ids, ready, result))
+    reader.start()
+    ready.wait(60)
+    client = connect(url)
+    start = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    for job_id, job in zip(ids, workload, strict=True):
+        body = {k: v for k, v in job_body(job).items() if k not in ("model", "prompt")}
+        pipe.xadd(
+            keys.requests,
+            {b"job": json.dumps({"id": job_id, "prompt_token_ids": job.prompt_token_ids, **body})},
+        )
+    pipe.execute()
+    tokens, end, _ = result.get(timeout=900)
+    reader.join()
+    return {"tokens": tokens, "seconds": end - start, "tokens_per_s": tokens / (end - start)}
+
+
+def run_gateway(url: str, keys: Keys, workload, clients: int, ctx) -> dict:
+    from worker.local_redis import free_port
+
+    port = free_port()
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "serve", "--redis-url", url, "--port", str(port),
+         "--prefix", keys.prefix, "--log-level", "warning"],
+        cwd=root, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or serve.poll() is not None:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.1)
+        time.sleep(1.0)  # the registry record is read at most every 0.5 s
+        ids = [f"g{k}" for k in range(len(workload))]
+        requests = [(job_id, job_body(job)) for job_id, job in zip(ids, workload, strict=True)]
+        for _, body in requests:
+            body.update(stream=True, stream_options={"include_usage": True})
+        ready_r, result_r = ctx.Event(), ctx.Queue()
+        reader = ctx.Process(target=read_streams, args=(url, keys.prefix, ids, ready_r, result_r))
+        ready_h, go, result_h = ctx.Event(), ctx.Event(), ctx.Queue()
+        base = f"http://127.0.0.1:{port}"
+        client = ctx.Process(target=http_clients, args=(base, requests, clients, ready_h, go, result_h))
+        reader.start()
+        client.start()
+        ready_r.wait(60)
+        ready_h.wait(60)
+        start = time.perf_counter()
+        go.set()
+        tokens, end, http_seen = result_h.get(timeout=900)
+        _, _, redis_seen = result_r.get(timeout=120)
+        client.join()
+        reader.join()
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    added, unmatched = [], 0
+    for job_id, times in http_seen.items():
+        direct = redis_seen.get(job_id, [])
+        unmatched += abs(len(times) - len(direct))
+        added.extend(h - r for h, r in zip(times, direct, strict=False))
+    added.sort()
+    return {
+        "tokens": tokens,
+        "seconds": end - start,
+        "tokens_per_s": tokens / (end - start),
+        "clients": clients,
+        "added_latency_ms": percentiles(added),
+        "unmatched_chunks": unmatched,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="bench", help="bench (default), tiny[:arch], or a folder")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--max-prompt", type=int, default=512)
+    parser.add_argument("--max-output", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
+    parser.add_argument("--clients", type=int, default=64, help="concurrent streaming HTTP clients")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-blocks", type=int, default=4096)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--redis-url", default=None, help="default: start a local redis-server")
+    parser.add_argument("--torch-threads", type=int, default=0)
+    parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    if args.quick:
+        args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
+    model_name = args.model
+    args.model = (
+        str(bench_model_dir(args.model_cache)) if args.model == "bench" else resolve_model(args.model)
+    )
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    args.workload = make_workload(
+        args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output, vocab_size=vocab
+    )
+    import torch
+
+    torch.manual_seed(0)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    server = None
+    url = args.redis_url
+    if url is None:
+        server = local_redis.start()
+        url = server.url
+    keys = Keys(prefix=f"bench-{os.getpid()}", served_model=MODEL)
+    ctx = mp.get_context("spawn")
+    worker, thread = start_worker(args, url, keys)
+    try:
+        print(f"{len(args.workload)} requests; through redis ...", flush=True)
+        direct = run_redis(url, keys, args.workload, ctx)
+        print(
+            f"  {direct['tokens_per_s']:.1f} tok/s; through the gateway ({args.clients} clients) ...",
+            flush=True,
+        )
+        gateway = run_gateway(url, keys, args.workload, args.clients, ctx)
+    finally:
+        worker.stop.request()
+        thread.join(timeout=60)
+        if server is not None:
+            server.stop()
+    ratio = gateway["tokens_per_s"] / direct["tokens_per_s"]
+    lat = gateway["added_latency_ms"]
+    report = {
+        "model": model_name,
+        "num_requests": len(args.workload),
+        "max_prompt": args.max_prompt,
+        "max_output": args.max_output,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "redis": direct,
+        "gateway": gateway,
+        "throughput_ratio": ratio,
+        "targets": {"ratio>=0.9": ratio >= 0.9, "added_p99_ms<5": lat["p99"] < 5.0},
+    }
+    print(
+        f"redis    {direct['tokens_per_s']:10.1f} tok/s  ({direct['tokens']} tokens in {direct['seconds']:.2f} s)"
+    )
+    print(
+        f"gateway  {gateway['tokens_per_s']:10.1f} tok/s  ({gateway['tokens']} tokens in {gateway['seconds']:.2f} s)"
+    )
+    print(f"ratio    {ratio:10.3f}  (target >= 0.90)")
+    print(
+        f"added per token  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  max {lat['max']:.2f} ms  (target p99 < 5 ms)"
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"http_e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

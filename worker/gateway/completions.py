@@ -1,0 +1,170 @@
+"""`POST /v1/chat/completions` and `/v1/completions`: an OpenAI request becomes a job on its model's stream,
+and the job's output stream becomes the answer (one body, or SSE chunks with `stream: true`).
+
+The first event is awaited before answering, so a job the worker refuses (invalid parameters, a prompt
+too long) is an HTTP error with its status even when streamed. A client that leaves cancels its job; the
+job carries a deadline of --request-timeout, so a worker stops it then (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+import structlog
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL, LineError, job_from_body
+from worker.batch.openai_logprobs import SampleLogprobs
+from worker.batch.openai_output import response_body
+from worker.gateway import job_io
+from worker.gateway.auth import tenant_of
+from worker.gateway.chunks import ChunkWriter, chunks
+from worker.gateway.disconnect import ClientLeft, unless_disconnected
+from worker.gateway.errors import APIError, from_worker, invalid, model_not_found, no_worker, timed_out
+from worker.gateway.sse import EventStream
+from worker.gateway.state import keys_of, redis_of, settings_of
+from worker.keys import requests_stream_name
+from worker.protocol import JOB_ID_PATTERN, Job
+
+router = APIRouter()
+log = structlog.get_logger("conveyor.gateway")
+GRACE_S = 2.0  # past the job's deadline, how long the worker has to write its terminal event
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, tenant: str | None = Depends(tenant_of)) -> Response:
+    return await complete(request, CHAT_URL, tenant)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, tenant: str | None = Depends(tenant_of)) -> Response:
+    return await complete(request, COMPLETIONS_URL, tenant)
+
+
+def job_id_for(request: Request, tenant: str | None) -> str:
+    """A valid X-Request-Id is the job id (under the tenant's name when keys are in use, so one tenant
+    cannot read another's job by naming it); otherwise a random one."""
+    given = request.headers.get("x-request-id")
+    if given and re.match(JOB_ID_PATTERN, job_id := f"{tenant}:{given}" if tenant else given):
+        return job_id
+    return uuid.uuid4().hex
+
+
+async def read_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise invalid(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("the body must be a JSON object")
+    return body
+
+
+async def complete(request: Request, url: str, tenant: str | None) -> Response:
+    settings, client, keys = settings_of(request), redis_of(request), keys_of(request)
+    body = await read_body(request)
+    stream, options = body.pop("stream", False), body.pop("stream_options", None)
+    if not isinstance(stream, bool) and stream is not None:
+        raise invalid("stream must be a boolean", param="stream")
+    if options is not None and (not stream or not isinstance(options, dict)):
+        raise invalid("stream_options is only allowed with stream: true", param="stream_options")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("model is required", param="model")
+    job_id = job_id_for(request, tenant)
+    try:
+        job, _ = job_from_body(url, body, job_id)
+    except LineError as exc:
+        raise invalid(exc.message, code=exc.code) from None
+    if tenant is not None:
+        job["tenant"] = tenant
+    job["deadline_ms"] = int((time.time() + settings.request_timeout_s) * 1000)
+    try:
+        Job.model_validate(job)
+    except ValidationError as exc:
+        wrong = exc.errors()[0]
+        raise invalid(f"{'.'.join(map(str, wrong['loc']))}: {wrong['msg']}", code="invalid_job") from None
+    served = (await request.app.state.fleet.models()).get(model)
+    if served is None:
+        raise await _missing(request, model)
+    stream_name = await job_io.submit(client, served, job, settings.max_queued, settings.retry_after_s)
+    job_keys = job_io.keys_of_stream(keys, stream_name, settings.shards if settings.cluster else None)
+
+    async def cancel() -> None:
+        log.info("answer abandoned: job cancelled", request_id=job_id)
+        await job_io.cancel(client, job_keys, job_id, sharded=settings.cluster)
+
+    deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
+    hub = request.app.state.hub
+    if hub is not None:
+        events = hub.follow(job_keys, job_id, deadline)
+    else:
+        events = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
+    headers = {"x-request-id": job_id}
+    streaming = False
+    try:
+        first = await unless_disconnected(request.receive, anext(events))
+        if first["type"] == "error":
+            raise from_worker(first["code"], first["message"])
+        if stream:
+            n = job.get("n") or 1
+            include_usage = bool((options or {}).get("include_usage"))
+            writer = ChunkWriter(url, job_id, model, n, include_usage, settings.request_timeout_s)
+            streaming = True  # from here on the response follows the events, and stops following
+            return EventStream(chunks(writer, events, first), headers, cancel)
+        found = [first] + (
+            [] if first["type"] == "done" else await unless_disconnected(request.receive, _rest(events))
+        )
+        answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)
+    except TimeoutError:
+        await cancel()
+        raise timed_out(settings.request_timeout_s) from None
+    except ClientLeft:
+        await cancel()
+        return Response(status_code=499)  # nobody reads it
+    except APIError as exc:
+        exc.headers.update(headers)
+        raise
+    finally:
+        if not streaming:
+            await events.aclose()
+    return JSONResponse(answer, headers=headers)
+
+
+async def _rest(events) -> list[dict]:
+    return [event async for event in events]
+
+
+def _answer(url: str, model: str, job_id: str, job: dict, events: list[dict], timeout_s: float) -> dict:
+    end = events[-1]
+    if end["type"] == "error":
+        raise from_worker(end["code"], end["message"])
+    if end["finish_reason"] == "abort" or "abort" in (end.get("finish_reasons") or []):
+        if end.get("reason") == "deadline":
+            raise timed_out(timeout_s)
+        raise APIError(
+            500, f"the job was stopped ({end.get('reason')})", type="server_error", code=end.get("reason")
+        )
+    logprobs: dict[int, SampleLogprobs] | None = None
+    if job.get("logprobs") is not None:
+        logprobs = {}
+        for event in events[:-1]:
+            logprobs.setdefault(event.get("sample") or 0, SampleLogprobs()).add(event)
+    return response_body(url, model, job_id, end, logprobs)
+
+
+async def _missing(request: Request, model: str) -> APIError:
+    """404 for a model nobody serves; 503 for one whose workers are all gone (its stream is still there,
+    or no worker at all is live, so nothing can be said about the name)."""
+    fleet = await request.app.state.fleet.models()
+    stream = requests_stream_name(keys_of(request).prefix, model)
+    if not fleet or await redis_of(request).exists(stream):
+        return no_worker(model)
+    return model_not_found(model)

@@ -1,0 +1,94 @@
+"""A job's Redis side, from the gateway: submit it to its model's stream (with the queue limit), follow its
+output stream, cancel it. docs/protocol.md describes each key; worker/keys.py names them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis
+
+from worker.connection import Backoff
+from worker.gateway.errors import queue_full
+from worker.gateway.fleet_view import ServedModel
+from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
+
+CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
+LOST = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+
+
+async def queued(client, stream: str, groups: list[str]) -> int:
+    """Jobs on `stream` not yet read by the model's group(s) (XINFO GROUPS' lag; the stream's length when
+    Redis cannot tell the lag, after entries were deleted)."""
+    try:
+        infos = await client.xinfo_groups(stream)
+    except redis.ResponseError:  # no such stream yet: nothing queued
+        return 0
+    lags = []
+    for info in infos:
+        name = info.get("name", b"")
+        if (name.decode() if isinstance(name, bytes) else name) in groups:
+            lag = info.get("lag")
+            lags.append(int(lag) if lag is not None else int(await client.xlen(stream)))
+    return max(lags, default=0)
+
+
+async def submit(client, model: ServedModel, job: dict, max_queued: int, retry_after_s: int) -> str:
+    """XADD the job to its model's stream; 429 (APIError) when max_queued jobs wait there. Returns the stream."""
+    stream = model.stream_for(job["id"])
+    if max_queued:
+        waiting = await queued(client, stream, model.groups)
+        if waiting >= max_queued:
+            raise queue_full(model.name, waiting, retry_after_s)
+    await client.xadd(stream, {JOB_FIELD: json.dumps(job)})
+    return stream
+
+
+async def follow(client, keys: Keys, job_id: str, block_ms: int, deadline: float) -> AsyncIterator[dict]:
+    """The job's events in order, ending after the terminal one, read from its output stream from the
+    last entry seen: events written before this call, a lost connection, or a worker taken over mid-job
+    (its successor writes the next index) lose nothing. Raises TimeoutError at `deadline` (loop time)."""
+    loop = asyncio.get_running_loop()
+    key, last = keys.out(job_id), b"0"
+    backoff = Backoff()
+    while True:
+        left_ms = int((deadline - loop.time()) * 1000)
+        if left_ms <= 0:
+            raise TimeoutError(job_id)
+        try:
+            reply: Any = await client.xread({key: last}, block=max(1, min(block_ms, left_ms)), count=1000)
+        except redis.AuthenticationError:
+            raise
+        except LOST:
+            await asyncio.sleep(min(backoff.next_delay(), max(0.0, deadline - loop.time())))
+            continue
+        backoff.reset()
+        for entry_id, fields in reply[0][1] if reply else []:
+            last = entry_id
+            event = json.loads(fields[EVENT_FIELD])
+            yield event
+            if event["type"] in ("done", "error"):
+                return
+
+
+async def cancel(client, keys: Keys, job_id: str, sharded: bool = False) -> None:
+    """The key is checked before the job starts and every step; the message reaches a running job at once
+    (sharded pub/sub in a Redis Cluster, as the workers listen there)."""
+    await client.set(keys.cancel(job_id), 1, ex=CANCEL_TTL_S)
+    if sharded:
+        await client.spublish(keys.cancel_channel, job_id)
+    else:
+        await client.publish(keys.cancel_channel, job_id)
+
+
+def keys_of_stream(keys: Keys, stream: str, shards: int | None) -> Keys:
+    """The names of a job submitted to `stream`: the deployment's, or in a cluster (protocol version 2)
+    the shard's that the stream belongs to, so its output stream is under the same hash tag."""
+    if shards is None:
+        return keys
+    from worker.cluster.shard_keys import ShardedKeys
+
+    sharded = ShardedKeys(keys.prefix, shards)
+    return sharded.shard(sharded.shard_of(stream))

@@ -1,0 +1,67 @@
+"""A server-sent-events response that notices a client leaving while it waits for the next event.
+
+Starlette's StreamingResponse learns of a disconnect only when it next sends (ASGI 2.4) or cancels its
+iterator inside a task group where no await may follow; here the stream and a disconnect listener run side
+by side, and a client that leaves first gets `on_disconnect` awaited (the gateway cancels the job), with the
+stream task already stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from starlette.responses import Response
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+class EventStream(Response):
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        headers: dict[str, str],
+        on_disconnect: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__(
+            status_code=200,
+            media_type="text/event-stream",
+            # x-accel-buffering: proxies (nginx) pass each event on at once
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
+        )
+        self.chunks, self.on_disconnect = chunks, on_disconnect
+        # Response sized its empty body (content-length: 0); the events' length is not known ahead.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        stream = asyncio.ensure_future(self._stream(send))
+        listen = asyncio.ensure_future(self._listen(receive))
+        try:
+            await asyncio.wait({stream, listen}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended = stream.done() and not stream.cancelled() and stream.exception() is None
+            for task in (stream, listen):
+                task.cancel()
+            await asyncio.gather(stream, listen, return_exceptions=True)
+            await self.chunks.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
+            if not ended:  # the client left (or the stream failed): nobody will read the job's answer
+                await self.on_disconnect()
+        failure = None if stream.cancelled() else stream.exception()
+        if failure is not None and not isinstance(failure, OSError):  # OSError: sending to a closed socket
+            raise failure
+
+    async def _stream(self, send) -> None:
+        async for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _listen(receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass

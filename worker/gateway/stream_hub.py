@@ -1,0 +1,97 @@
+"""One reader for every output stream a gateway process follows: a single XREAD BLOCK over all of them,
+each entry handed to its request's queue, instead of one blocking XREAD (and one Redis round trip per
+event) per request. With 64 streams live that is one round trip per engine step, not 64.
+
+A stream added while the XREAD blocks would wait for it to return; so each request, on joining, XADDs a
+note to this process's own wake stream, which every XREAD includes: the blocked read returns at once and
+the next one includes the newcomer. Each stream is read from the last id handed out, so a lost connection
+or a worker's takeover loses and repeats nothing (as job_io.follow, which cluster mode uses instead: a
+multi-key XREAD must stay in one slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis
+
+from worker.connection import Backoff
+from worker.gateway.job_io import LOST
+from worker.keys import EVENT_FIELD, Keys
+
+WAKE_TTL_S = 60
+
+
+class StreamHub:
+    def __init__(self, client, keys: Keys, block_ms: int) -> None:
+        self.client, self.block_ms = client, block_ms
+        self.wake_key = f"{keys.prefix}:gateway-wake:{uuid.uuid4().hex}"
+        self._last: dict[bytes, bytes] = {}  # output stream -> last entry id handed out
+        self._queues: dict[bytes, asyncio.Queue] = {}
+        self._wake_last = b"$"
+        self._joined = asyncio.Event()
+
+    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[dict]:
+        """The job's events in order, ending after the terminal one; TimeoutError at `deadline` (loop time)."""
+        key = keys.out(job_id).encode()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[key], self._last[key] = queue, b"0"
+        self._joined.set()
+        loop = asyncio.get_running_loop()
+        try:
+            await self._wake()
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(job_id)
+                try:
+                    event = await asyncio.wait_for(queue.get(), left)
+                except asyncio.TimeoutError:
+                    raise TimeoutError(job_id) from None
+                yield event
+                if event["type"] in ("done", "error"):
+                    return
+        finally:
+            self._queues.pop(key, None)
+            self._last.pop(key, None)
+
+    async def _wake(self) -> None:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(self.wake_key, {b"w": b"1"}, maxlen=16, approximate=True)
+            pipe.expire(self.wake_key, WAKE_TTL_S)
+            await pipe.execute()
+        except LOST:  # the reader retries on its own; it reads the newcomer once Redis answers
+            pass
+
+    async def run(self) -> None:
+        """The reader: runs as long as the app (app.state.starters)."""
+        backoff = Backoff()
+        while True:
+            if not self._last:
+                self._joined.clear()
+                await self._joined.wait()
+            streams: dict[Any, bytes] = {self.wake_key: self._wake_last, **self._last}
+            try:
+                reply: Any = await self.client.xread(streams, block=self.block_ms, count=1000)
+            except redis.AuthenticationError:
+                raise
+            except LOST:
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            backoff.reset()
+            for key, entries in reply or []:
+                key = key if isinstance(key, bytes) else key.encode()
+                if key == self.wake_key.encode():
+                    self._wake_last = entries[-1][0]
+                    continue
+                queue = self._queues.get(key)
+                if queue is None:  # its request ended meanwhile
+                    continue
+                for entry_id, fields in entries:
+                    self._last[key] = entry_id
+                    queue.put_nowait(json.loads(fields[EVENT_FIELD]))
