@@ -1,5 +1,6 @@
 """The HTTP API's batches on a Redis Cluster: the gateway's wiring (worker/gateway/batch_api.py) with
---cluster drives a batch whose jobs spread over the shards; its Lua calls run on one node ({<batch id>})."""
+--cluster drives a batch whose jobs go to the streams the model's worker reads (from the registry), spread
+over the shards; its Lua calls run on one node ({<batch id>})."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from tests.cluster.conftest import sharded_worker
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_fakes import FakeEngine
+from worker.fleet.heartbeat import Heartbeat
 from worker.gateway.batch_api import make_batch_api
 from worker.gateway.settings import GatewaySettings
 from worker.keys import Keys
@@ -30,6 +32,11 @@ def test_a_batch_runs_on_the_cluster(cluster, client):
     f = api.files.create("t", "in.jsonl", "batch", "".join(_line(c) + "\n" for c in ids).encode())
     batch = api.batches.create("t", f.id, "/v1/completions", "1h")
     with sharded_worker(engine, cluster.url, "w1", shards=2):
+        # The worker's registry record, as `conveyor worker` beats it: the model "m" on both shards' streams.
+        streams = [client.sharded.shard(k).requests for k in range(2)]
+        beat = Heartbeat(api.client, Keys(), consumer="w1", model="m", group="test", streams=streams,
+                         max_model_len=256, capacity=8)  # fmt: skip
+        beat.start()
         api.pool.start()
         try:
 
@@ -40,6 +47,7 @@ def test_a_batch_runs_on_the_cluster(cluster, client):
             done = wait_until(final, 60, "the batch to complete", 0.05)
         finally:
             api.pool.stop()
+            beat.stop()
     assert done.request_counts.completed == len(ids) and done.output_file_id is not None
     content = api.files.content("t", done.output_file_id)
     assert content is not None

@@ -22,6 +22,7 @@ from worker.batch.driver import BatchDriver
 from worker.batch.driver_pool import DriverPool
 from worker.batch.file_store import FileStore
 from worker.connection import TlsOptions, connect
+from worker.gateway.batch_routes import ModelRoutes
 from worker.gateway.settings import DEFAULT_TENANT, GatewaySettings
 from worker.job_queue import JobQueue, SingleQueue
 from worker.keys import Keys
@@ -82,6 +83,7 @@ def make_batch_api(settings: GatewaySettings, keys: Keys) -> BatchApi:
         client = connect(settings.redis_url, tls, settings.redis_socket_timeout)
         queue = SingleQueue(client, keys)
     files = FileStore(client, keys, cfg.max_file_bytes)
-    driver = BatchDriver(client, queue, keys, files, cfg)
+    # Each line goes to the stream of the model its body names, as /v1/chat/completions would send it.
+    driver = BatchDriver(client, queue, keys, files, cfg, submit=ModelRoutes(client, keys).submit)
     holder = f"{socket.gethostname()}-{os.getpid()}"
     return BatchApi(client, files, driver.store, DriverPool(driver, holder), cfg)

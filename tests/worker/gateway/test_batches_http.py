@@ -68,7 +68,7 @@ def deployment(redis_server, tiny_model, tmp_path_factory):
     workers = Workers(tiny_model, logs)
     replicas: list[Replica] = []
     try:
-        workers.spawn(redis_server.url, "w1").wait_started()
+        workers.spawn(redis_server.url, "w1", "--served-model-name", "tiny").wait_started()
         replicas += [
             _serve(redis_server.url, logs / f"gw{i}.log", "--max-file-bytes", "400000") for i in range(2)
         ]
@@ -86,11 +86,11 @@ def deployment(redis_server, tiny_model, tmp_path_factory):
         workers.stop_all()
 
 
-def _lines(n: int, max_tokens: int = 3, prefix: str = "r") -> bytes:
+def _lines(n: int, max_tokens: int = 3, prefix: str = "r", model: str = "tiny") -> bytes:
     out = []
     for i in range(n):
         body = {
-            "model": "tiny",
+            "model": model,
             "messages": [{"role": "user", "content": f"say {i}"}],
             "max_tokens": max_tokens,
         }
@@ -205,12 +205,18 @@ def test_cancel_expiry_errors_and_tenants(deployment):
         for x in alice.files.content(c.error_file_id).text.splitlines()
     }
     assert codes <= {"batch_cancelled", "cancel"}
+    # A line for a model nobody serves is answered model_not_found; the batch completes.
+    content = _lines(1, prefix="d") + _lines(1, prefix="nope", model="nope")
+    d = alice.batches.create(
+        input_file_id=alice.files.create(file=("d.jsonl", io.BytesIO(content)), purpose="batch").id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    d = _final(alice, d.id, 60)
+    assert d.status == "completed" and d.error_file_id is not None
+    (unknown,) = [json.loads(x) for x in alice.files.content(d.error_file_id).text.splitlines()]
+    assert (unknown["custom_id"], unknown["error"]["code"]) == ("nope0", "model_not_found")
     with pytest.raises(openai.ConflictError):  # final: not cancellable
-        done = alice.files.create(file=("d.jsonl", io.BytesIO(_lines(1, prefix="d"))), purpose="batch")
-        d = alice.batches.create(
-            input_file_id=done.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        _final(alice, d.id, 60)
         alice.batches.cancel(d.id)
 
     # A 2-second window on lines that take longer: the batch expires.
@@ -237,9 +243,13 @@ def test_without_api_keys_one_tenant_and_jobs_carry_none(redis_server):
     from worker.batch.api_config import BatchApiConfig
     from worker.gateway.app import create_app
     from worker.gateway.settings import GatewaySettings
+    from worker.keys import requests_stream_name
 
     r = redis.Redis.from_url(redis_server.url)
     r.flushall()
+    # No worker is live, but the model's stream exists (its workers are restarting): jobs wait there.
+    tiny_stream = requests_stream_name("conveyor", "tiny")
+    r.xgroup_create(tiny_stream, "workers", mkstream=True)
     quick = BatchApiConfig(poll_s=0.1, drain_s=0.3)
     app = create_app(GatewaySettings(redis_url=redis_server.url, batches=quick))
     with TestClient(app) as http:
@@ -251,8 +261,8 @@ def test_without_api_keys_one_tenant_and_jobs_carry_none(redis_server):
             "completion_window": "1h",
         }
         batch = http.post("/v1/batches", json=body).json()
-        wait_until(lambda: r.xlen(K.requests) == 2, 30, "the batch's 2 jobs enqueued", 0.05)
-    job = json.loads(r.xrange(K.requests)[0][1][b"job"])
+        wait_until(lambda: r.xlen(tiny_stream) == 2, 30, "the batch's 2 jobs enqueued", 0.05)
+    job = json.loads(r.xrange(tiny_stream)[0][1][b"job"])
     assert "tenant" not in job and job["deadline_ms"] == batch["expires_at"] * 1000
     with TestClient(app) as http:  # the same app started again: its drivers too
         assert http.post(f"/v1/batches/{batch['id']}/cancel").json()["status"] == "cancelling"
