@@ -48,9 +48,9 @@ class StepRecorder:
         rec = cls(model_args=engine.runner.model.args)
         execute = engine.runner.execute
 
-        def recording_execute(sched_out, requests):
+        def recording_execute(sched_out, requests, forward=None):
             rec.record(sched_out)
-            return execute(sched_out, requests)
+            return execute(sched_out, requests, forward)
 
         engine.runner.execute = recording_execute
         return rec

@@ -84,11 +84,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker import local_redis  # noqa: E402
 from worker.cluster import local_cluster  # noqa: E402
-from worker.cluster.client import shard_for  # noqa: E402
 from worker.cluster.connect import connect_cluster  # noqa: E402
 from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.keys import JOB_FIELD, Keys  # noqa: E402
+from worker.shard_choice import choose_shard  # noqa: E402
 
 GROUP = "bench"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -272,7 +272,7 @@ def submit(servers: Servers, cluster: bool, shards: int, jobs: list[dict]) -> No
         sharded = ShardedKeys("conveyor", shards)
         by_stream = {}
         for job in jobs:
-            by_stream.setdefault(sharded.shard(shard_for(job["id"], shards)).requests, []).append(job)
+            by_stream.setdefault(sharded.shard(choose_shard(job, shards)).requests, []).append(job)
     for port, streams in servers.streams.items():
         pipe = node(port).pipeline(transaction=False)
         for stream in streams:

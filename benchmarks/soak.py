@@ -4,6 +4,7 @@ duplicated or missing token.
 
     python benchmarks/soak.py                      # ~60 s of load, then a bounded drain
     python benchmarks/soak.py --seconds 30 --rate 30
+    python benchmarks/soak.py --shards 4           # protocol version 2's shards on one Redis (lanes worker)
 
 It starts its own redis-server (loopback, free port, no persistence: Redis itself is not the thing killed
 here) and its own tiny model unless --model/--redis-url are given. Counters:
@@ -40,10 +41,24 @@ if ROOT not in sys.path:
 
 import redis  # noqa: E402
 
+from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys  # noqa: E402
 from worker.local_redis import free_port  # noqa: E402
+from worker.shard_choice import choose_shard  # noqa: E402
 
 K = Keys()
+SHARDS: ShardedKeys | None = None  # --shards: the queue is that many shards of the one Redis
+
+
+def keys_of(job_id: str) -> Keys:
+    """The keys of a job's shard (shard_choice.py), or version 1's with no --shards."""
+    return K if SHARDS is None else SHARDS.shard(choose_shard({"id": job_id}, SHARDS.shards))
+
+
+def all_keys() -> list[Keys]:
+    return [K] if SHARDS is None else SHARDS.all()
+
+
 GROUP = "soak"
 WORDS = "alpha beta gamma delta river stone cloud paper engine token stream worker lease claim".split()
 
@@ -103,6 +118,8 @@ class WorkerSlot:
             "2048",
         ]
         cmd += ["--max-num-batched-tokens", "1024", "--log-level", "info"]
+        if SHARDS is not None:
+            cmd += ["--shards", str(SHARDS.shards)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_dir / f"{self.name}-{self.generation}.log", "wb")
@@ -167,14 +184,14 @@ def run_load(
             jobs[job["id"]] = job
             if is_bad:
                 bad.add(job["id"])
-            pipe.xadd(K.requests, {JOB_FIELD: json.dumps(job)})
+            pipe.xadd(keys_of(job["id"]).requests, {JOB_FIELD: json.dumps(job)})
             stats["entries"] += 1
             if rng.random() < args.cancel_fraction:
                 cancels.append((t0 + rng.uniform(0, 0.3), job["id"]))
         # Duplicate enqueue of a recent id (maybe running, maybe finished): never a second generation.
         if jobs and rng.random() < args.dup_fraction * max(1, count):
             job_id = f"s{rng.randrange(max(0, k - 50), k)}"
-            pipe.xadd(K.requests, {JOB_FIELD: json.dumps(jobs[job_id])})
+            pipe.xadd(keys_of(job_id).requests, {JOB_FIELD: json.dumps(jobs[job_id])})
             stats["duplicate_enqueues"] += 1
             stats["entries"] += 1
         now = time.monotonic()
@@ -183,9 +200,9 @@ def run_load(
         for _, job_id in due:
             cancelled.add(job_id)
             if rng.random() < 0.5:
-                pipe.publish(K.cancel_channel, job_id)
+                pipe.publish(keys_of(job_id).cancel_channel, job_id)
             else:
-                pipe.set(K.cancel(job_id), 1, ex=600)
+                pipe.set(keys_of(job_id).cancel(job_id), 1, ex=600)
         try:
             pipe.execute()
         except redis.RedisError as exc:  # should not happen: Redis is not the thing being killed here
@@ -210,6 +227,12 @@ def run_chaos(slots: list[WorkerSlot], args, stop: threading.Event, stats: Count
 
 
 # ---- checking ---------------------------------------------------------------------------------------------
+def group_totals(r: redis.Redis) -> dict[str, int]:
+    """The workers' group's lag and pending entries, summed over the request streams."""
+    groups = [r.xinfo_groups(keys.requests)[0] for keys in all_keys()]
+    return {name: sum(int(g[name] or 0) for g in groups) for name in ("lag", "pending")}
+
+
 def wait_all_terminal(r: redis.Redis, ids: list[str], timeout_s: float) -> set[str]:
     left = set(ids)
     deadline = time.monotonic() + timeout_s
@@ -219,7 +242,7 @@ def wait_all_terminal(r: redis.Redis, ids: list[str], timeout_s: float) -> set[s
             chunk = order[start : start + 500]
             pipe = r.pipeline(transaction=False)
             for job_id in chunk:
-                pipe.xrevrange(K.out(job_id), count=1)
+                pipe.xrevrange(keys_of(job_id).out(job_id), count=1)
             for job_id, last in zip(chunk, pipe.execute(), strict=True):
                 if last and json.loads(last[0][1][EVENT_FIELD])["type"] in ("done", "error"):
                     left.discard(job_id)
@@ -235,7 +258,7 @@ def check_streams(r: redis.Redis, jobs: dict, bad: set, cancelled_asked: set, co
         chunk = ids[start : start + 500]
         pipe = r.pipeline(transaction=False)
         for job_id in chunk:
-            pipe.xrange(K.out(job_id))
+            pipe.xrange(keys_of(job_id).out(job_id))
         for job_id, entries in zip(chunk, pipe.execute(), strict=True):
             events = [json.loads(f[EVENT_FIELD]) for _, f in entries]
             ends = [e for e in events if e["type"] in ("done", "error")]
@@ -328,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", default=None, help="use this server (flushed!) instead of starting one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the temp folder with worker logs")
+    p.add_argument("--shards", type=int, default=None, help="protocol version 2's shards on the one Redis")
     args = p.parse_args(argv)
+    global SHARDS
+    SHARDS = None if args.shards is None else ShardedKeys(K.prefix, args.shards)
 
     work = Path(tempfile.mkdtemp(prefix="conveyor-soak-"))
     redis_proc = None
@@ -346,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             redis_proc, url = start_redis(work)
         r = redis.Redis.from_url(url, socket_timeout=30)
         r.flushall()
-        r.xgroup_create(K.requests, GROUP, id="0", mkstream=True)
+        for keys in all_keys():
+            r.xgroup_create(keys.requests, GROUP, id="0", mkstream=True)
         slots = [WorkerSlot(name, args, url, model, work) for name in ("a", "b")]
         for slot in slots:
             slot.spawn(slot.name)
@@ -363,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + args.seconds
         while time.monotonic() < deadline:
             time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-            done = r.xinfo_groups(K.requests)[0]
+            done = group_totals(r)
             print(
                 f"soak: t={time.monotonic() - t_start:5.1f}s submitted={len(jobs)} kills={stats['kills']} "
                 f"lag={done['lag']} pending={done['pending']}",
@@ -386,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
 
         counters: Counter = Counter()
         finished = check_streams(r, jobs, bad, cancelled_asked, counters)
-        group = r.xinfo_groups(K.requests)[0]
-        dead_entries = r.xlen(K.dead)
+        group = group_totals(r)
+        dead_entries = sum(r.xlen(keys.dead) for keys in all_keys())
         checked, mismatched = check_texts(model, finished, args.check_texts, args.seed)
         counters["text_mismatch"] += mismatched
         exit_codes = [s.stop() for s in slots]
@@ -396,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         # 0: drained; -SIGTERM: stopped while still loading, before its signal handlers were installed.
         stats["worker_crashes"] += sum(1 for code in exit_codes if code not in (0, -signal.SIGTERM, None))
         summary = {
+            "shards": args.shards or 0,
             "seconds": round(time.monotonic() - t_start, 1),
             "submitted": len(jobs),
             "entries_enqueued": stats["entries"],

@@ -46,6 +46,11 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def step_tokens(self) -> dict[str, int]:
+        """Tokens computed by the last `step()` per request id (prefill and decode): what its wall time is
+        split by for accounting (worker/fleet/accounting.py)."""
+        ...
+
     def free_capacity(self) -> tuple[int, int]:
         """(free sequence slots, free KV blocks): how much new work the engine can take at once."""
         ...

@@ -1,6 +1,6 @@
 """LLMEngine: the Python API the worker and users build on.
 
-add_request ─▶ Scheduler.schedule() ─▶ ModelRunner.execute() ─▶ Scheduler.update_from_output()
+add_request ─▶ Scheduler.schedule() ─▶ Executor.execute() ─▶ Scheduler.update_from_output()
                                                                     │
                 StepDelta (tokens, text delta, finish) ◀── TextStream (detokenize, stop strings)
 """
@@ -11,6 +11,7 @@ import itertools
 import time
 import weakref
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from typing import Any, cast
 
@@ -21,21 +22,18 @@ from engine.config import EngineConfig, SchedulerConfig, check_backend_block_siz
 from engine.core.finish_rules import check_stop
 from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import SchedulerOutput
 from engine.detokenizer import Decoder, TextStream
 from engine.device import DeviceBinding, resolve_device
+from engine.distributed.executor import Executor
 from engine.distributed.group import TPGroup
-from engine.distributed.rank_model import (
-    agree_num_blocks,
-    load_rank_model,
-    rank_device,
-    rank_num_blocks,
-)
 from engine.distributed.rank_processes import RankProcesses
+from engine.distributed.rank_runner import build_rank_runner, rank_device
 from engine.errors import FailureCode, RejectReason, RequestRejected
-from engine.kv_cache import allocate_kv_pool
-from engine.model_runner import ModelRunner
+from engine.model_loader import ModelSpec
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
+from engine.sampler import TokenSampler
 from engine.sampling.make_sampler import make_sampler
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import GrammarMaskingSampler
@@ -82,40 +80,19 @@ class LLMEngine:
 
     def _start(self, config: EngineConfig) -> None:
         group = self.ranks.group if self.ranks is not None else TPGroup.single()
-        self.model, self.spec = load_rank_model(config, self.device, self.attention_backend, group)
-        self.tokenizer = load_tokenizer(config.model)
-        # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.
-        self._decoder = cast(Decoder, self.tokenizer)
-        self._pieces = TokenPieces(self.tokenizer)
-        self.max_model_len = self._resolve_max_model_len()
-        # Longest prompt accepted: the option, and always room for one generated token.
-        self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
-        self.num_kv_blocks = rank_num_blocks(config, self.spec, self.device)
-        if self.ranks is not None:
-            with self.ranks.step():  # every rank's pool gets the smallest count that fits on all
-                self.num_kv_blocks = agree_num_blocks(group, self.num_kv_blocks, self.device)
-        self.eos_token_ids = eos_token_ids(self.tokenizer, self.spec.eos_token_ids)
-        kv_pool = allocate_kv_pool(self.spec, self.num_kv_blocks, config.block_size, self.device)
-        # Constrained decoding: masks as wide as the LM head (spec.vocab_size), not the tokenizer.
-        self.structured = StructuredOutputManager(self.tokenizer, self.spec.vocab_size, self.eos_token_ids)
-        self.runner = ModelRunner(
-            self.model,
-            self.spec,
-            kv_pool,
-            config.block_size,
+        rank = build_rank_runner(
+            config,
             self.device,
             self.attention_backend,
-            GrammarMaskingSampler(
-                make_sampler(self.spec.vocab_size, self.eos_token_ids, self.device),
-                self.structured.rows,
-                self.spec.vocab_size,
-            ),
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_cuda_graphs=config.enable_cuda_graphs,
-            ranks=self.ranks,
+            group,
+            sampler=self._sampler,
+            collective=self.ranks.step if self.ranks is not None else nullcontext,
         )
+        self.runner, self.spec, self.model = rank.runner, rank.spec, rank.runner.model
+        self.max_model_len, self.num_kv_blocks = rank.max_model_len, rank.num_blocks
+        self.executor = Executor(self.runner, self.ranks)
+        # Longest prompt accepted: the option, and always room for one generated token.
+        self.max_prompt_tokens = min(config.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_blocks=self.num_kv_blocks,
@@ -137,8 +114,10 @@ class LLMEngine:
         # Finishing deltas produced outside step() (aborts, resumed requests that were already done),
         # handed out by the next step().
         self._pending: list[StepDelta] = []
+        self._last_scheduled: SchedulerOutput | None = None  # the last step's work (step_tokens)
         self._ids = itertools.count()
         self._num_generated_tokens = 0
+        self._num_prompt_tokens = 0  # of the requests accepted by add_request (once per request, any n)
 
     # ------------------------------------------------------------------ requests
 
@@ -220,6 +199,7 @@ class LLMEngine:
                 continue
             self.structured.admit(request)
             self.scheduler.add_request(request)
+        self._num_prompt_tokens += len(prompt_ids)
         return len(prompt_ids)
 
     def check_structured(self, params: SamplingParams) -> None:
@@ -255,11 +235,12 @@ class LLMEngine:
         deltas, self._pending = self._pending, []
         deltas += self._fail_structured(self.structured.poll(self.scheduler))
         sched_out = self.scheduler.schedule()
+        self._last_scheduled = sched_out
         if sched_out.is_empty:
             if self.structured.has_compiling():
                 self.structured.wait(0.005)  # only grammars to wait for: do not spin
             return deltas
-        runner_out = self.runner.execute(sched_out, self.scheduler.requests)
+        runner_out = self.executor.execute(sched_out, self.scheduler.requests)
         updated = self.scheduler.update_from_output(sched_out, runner_out)
         rejected = self.structured.accept(updated)
         deltas += self._deltas(updated, runner_out.logprobs)
@@ -434,6 +415,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ introspection
 
+    def step_tokens(self) -> dict[str, int]:
+        """Tokens whose KV the last `step()` computed, per request id (its samples together): prefill
+        chunks and decoded tokens alike. Worked out when asked, from the step's schedule (one pass over
+        its sequences), so the step itself does no more work for it."""
+        out: dict[str, int] = {}
+        if self._last_scheduled is None:
+            return out
+        for seq in self._last_scheduled.sequences:
+            request_id = seq.request_id
+            if _SAMPLE_SEP in request_id:  # sample k of an n > 1 request: counted under the request
+                request_id = request_id.split(_SAMPLE_SEP, 1)[0]
+            out[request_id] = out.get(request_id, 0) + len(seq.token_ids)
+        return out
+
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
         return EngineStats(
@@ -446,6 +441,7 @@ class LLMEngine:
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
             num_generated_tokens=self._num_generated_tokens,
+            num_prompt_tokens=self._num_prompt_tokens,
         )
 
     def free_capacity(self) -> tuple[int, int]:
@@ -475,6 +471,21 @@ class LLMEngine:
             "eos_token_ids": sorted(self.eos_token_ids),
         }
 
+    def _sampler(self, spec: ModelSpec) -> TokenSampler:
+        """Rank 0's text side and sampler, made once the model is loaded (build_rank_runner calls it):
+        constrained decoding's masks are as wide as the LM head (spec.vocab_size), not the tokenizer."""
+        self.tokenizer = load_tokenizer(self.config.model)
+        # transformers types decode for batches too (str | list[str]); on a flat id list it returns a str.
+        self._decoder = cast(Decoder, self.tokenizer)
+        self._pieces = TokenPieces(self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, spec.eos_token_ids)
+        self.structured = StructuredOutputManager(self.tokenizer, spec.vocab_size, self.eos_token_ids)
+        return GrammarMaskingSampler(
+            make_sampler(spec.vocab_size, self.eos_token_ids, self.device),
+            self.structured.rows,
+            spec.vocab_size,
+        )
+
     def close(self) -> None:
         """Stop the tensor-parallel ranks (if any). Idempotent; also run when the engine is garbage
         collected and at interpreter exit."""
@@ -488,15 +499,6 @@ class LLMEngine:
         self.close()
 
     # ------------------------------------------------------------------ helpers
-
-    def _resolve_max_model_len(self) -> int:
-        limit = self.spec.max_position_embeddings
-        wanted = self.config.max_model_len
-        if wanted is None:
-            return limit
-        if wanted > limit:
-            raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
-        return wanted
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, Chat):

@@ -1,7 +1,8 @@
 """Load a HF checkpoint folder (or hub id) into our model code, plus a small frozen ModelSpec.
 
 Under tensor parallelism (`tp` with size > 1) each rank builds its part of the model and reads only its
-slices of each checkpoint tensor (`safe_open(...).get_slice`): no rank holds a whole sharded weight.
+slices of each checkpoint tensor (engine/checkpoint.py's lazy slices, filled by each parameter's weight
+loader): no rank holds a whole sharded weight.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import safe_open
 
 from engine.attention.backend import AttentionBackend, get_attention_backend
+from engine.checkpoint import Checkpoint
 from engine.device import resolve_device
 from engine.distributed.group import TPGroup
-from engine.distributed.layers import LoadsSlices, SliceSource, source_shape
 from engine.distributed.partition import check_model_splits, even_span, kv_heads_per_rank
+from engine.distributed.vocab_parallel import ParallelLMHead
+from engine.distributed.weight_loader import load_parameters, materialize
 from engine.dtype_rules import resolve_dtype
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
-from engine.models.config import _dtype, _ids
+from engine.models.config import config_dtype, config_ids
 from engine.models.registry import is_native
 
 if TYPE_CHECKING:
@@ -77,59 +79,19 @@ def read_eos_ids(model_dir: Path, config_eos: tuple[int, ...]) -> frozenset[int]
     return frozenset(int(i) for i in ids)
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / n for n in names]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
-    return files
-
-
 def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
-    """Copy this rank's slice of every checkpoint tensor into our parameters; fused q/k/v and gate/up are
-    filled part by part. Each tensor is opened as a lazy slice and only the rank's rows/columns are read."""
-    params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens.weight
-    a = model.args
-    # Every (parameter, shard) we expect; filled ones are crossed off.
-    missing = {(n, s) for n in params for s in _shards(n)}
-    for file in _weight_files(model_dir):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for hf_name in f.keys():
-                mapped = map_weight_name(hf_name)
-                if mapped is None:
-                    continue
-                name, shard = mapped
-                if name == "lm_head.weight" and a.tie_word_embeddings:
-                    continue  # tied: the embedding is the head
-                if name not in params:
-                    raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the {a.family} model")
-                module_name, _, attr = name.rpartition(".")
-                try:
-                    load_slice(model.get_submodule(module_name), attr, f.get_slice(hf_name), shard)
-                except ValueError as e:
-                    raise ValueError(f"{hf_name}: {e}") from e
-                missing.discard((name, shard))
-    if missing:
-        names = sorted(f"{n}[{s}]" if s else n for n, s in missing)
-        raise KeyError(
-            f"weights missing from {model_dir}: {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
-        )
+    """Fill every parameter with this rank's slice of its checkpoint tensor; fused q/k/v and gate/up are
+    filled part by part (each parameter's weight loader reads only its rows or columns)."""
+    with Checkpoint(model_dir) as ckpt:
+        load_parameters(model, ckpt, map_weight_name, _shards)
 
 
-def load_slice(module: torch.nn.Module, attr: str, source: SliceSource, shard: str | None) -> None:
-    """A sharded module reads its own slice; any other parameter (norms) is replicated: read whole."""
-    if isinstance(module, LoadsSlices):
-        module.load_slice(attr, source, shard)
-        return
-    if shard is not None:
-        raise ValueError(f"{type(module).__name__} has no part {shard!r}")
-    target = getattr(module, attr).data
-    if source_shape(source) != tuple(target.shape):
-        raise ValueError(f"checkpoint shape {source_shape(source)} != expected {tuple(target.shape)}")
-    target.copy_(source[:])
+def use_sliced_head(model: torch.nn.Module, device: torch.device) -> None:
+    """The LM head's form, chosen once when the model is placed: the sliced matmul is for the host's
+    caches; a GPU takes one F.linear."""
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, ParallelLMHead):
+        head.sliced = device.type == "cpu"
 
 
 def _shards(param_name: str) -> tuple[str | None, ...]:
@@ -172,10 +134,8 @@ def load_model(
     # Built on the meta device (no random init, no memory), then materialised empty and filled from disk.
     with torch.device("meta"):
         net = build_model(args, tp).to(torch_dtype)
-    net = net.to_empty(device=device)
-    net.sliced_lm_head = device.type == "cpu"
-    if args.tie_word_embeddings:
-        net.lm_head.weight = net.embed_tokens.weight  # to_empty may have split the tie
+    materialize(net, device)
+    use_sliced_head(net, device)
     load_weights(net, model_dir)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
@@ -204,8 +164,9 @@ def _load_generic(
 ) -> tuple[TransformersCausalLM, ModelSpec]:
     from engine.models.generic.load import load_transformers_model
 
-    torch_dtype = resolve_dtype(dtype, _dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
+    torch_dtype = resolve_dtype(dtype, config_dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
     net, call = load_transformers_model(model_dir, torch_dtype, device, tp=tp)
+    use_sliced_head(net, device)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     text = net.hf.config.get_text_config()
     spec = ModelSpec(
@@ -217,7 +178,7 @@ def _load_generic(
         vocab_size=net.vocab_size,  # the whole vocabulary, not this rank's padded slice
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
         dtype=torch_dtype,
-        eos_token_ids=read_eos_ids(model_dir, _ids(cfg.get("eos_token_id"))),
+        eos_token_ids=read_eos_ids(model_dir, config_ids(cfg.get("eos_token_id"))),
         tp_size=tp.size,
     )
     return net, spec

@@ -10,8 +10,7 @@ No policy here: what runs, where its KV lives and which blocks are copied all co
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -31,8 +30,9 @@ from engine.models.llama import LlamaForCausalLM
 from engine.sampler import TokenSampler
 from engine.sampling.make_sampler import make_sampler
 
-if TYPE_CHECKING:  # rank_processes spawns rank_process, which imports this module
-    from engine.distributed.rank_processes import RankProcesses
+# One step's forward on every rank: the runner's own (one process), or the executor's, which sends the
+# step to the other ranks first (engine/distributed/executor.py).
+Forward = Callable[[StepInputs], torch.Tensor | None]
 
 
 class ModelRunner:
@@ -50,17 +50,12 @@ class ModelRunner:
         max_num_batched_tokens: int = 2048,
         max_model_len: int = 4096,
         enable_cuda_graphs: bool = False,
-        ranks: RankProcesses | None = None,
     ) -> None:
         """kv_pool: the pool tensor from `engine.kv_cache.allocate_kv_pool`, or a block count to allocate.
         backend: replaces the model's attention backend when given. sampler: None -> make_sampler for the device.
         The max_* sizes preallocate the step buffers (they grow if exceeded, unless graphs are captured).
-        enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only).
-        ranks: on rank 0 of a tensor-parallel group, the other ranks, sent every step before it runs here."""
-        if ranks is not None and enable_cuda_graphs:
-            raise ValueError("CUDA graphs are not supported with tensor parallelism yet")
+        enable_cuda_graphs: capture decode steps at every batch-size bucket now (CUDA only)."""
         self.model, self.spec, self.block_size = model, spec, block_size
-        self.ranks = ranks
         self.device = torch.device(device)
         # Before anything runs on the device here (graph capture included), and again per stepping thread.
         self._binding = DeviceBinding(self.device)
@@ -97,18 +92,22 @@ class ModelRunner:
         self.last_forward_seconds = 0.0
         self.last_step_seconds = 0.0
 
-    def execute(self, sched_out: SchedulerOutput, requests: Mapping[str, Request]) -> RunnerOutput:
+    def execute(
+        self, sched_out: SchedulerOutput, requests: Mapping[str, Request], forward: Forward | None = None
+    ) -> RunnerOutput:
+        """`forward`: how the prepared step runs (default: here only; see engine/distributed/executor.py)."""
         t0 = time.perf_counter()
         self._binding.bind()
+        run = forward or self.forward
         if sched_out.is_empty:
             empty = self.batch.buffers.input_ids[:0]
-            self._run(StepInputs(empty, empty, None, empty, sched_out.block_copies))
+            run(StepInputs(empty, empty, None, empty, sched_out.block_copies))
             return RunnerOutput(sampled_token_ids={})
         input_ids, positions, meta, sample_rows, sample_ids = self.prepare(
             sched_out.sequences, requests, sched_out.preempted_ids
         )
         t1 = time.perf_counter()
-        logits = self._run(StepInputs(input_ids, positions, meta, sample_rows, sched_out.block_copies))
+        logits = run(StepInputs(input_ids, positions, meta, sample_rows, sched_out.block_copies))
         t2 = time.perf_counter()
         if logits is None:
             out = RunnerOutput(sampled_token_ids={})
@@ -122,14 +121,6 @@ class ModelRunner:
         self.last_forward_seconds = t2 - t1
         self.last_step_seconds = time.perf_counter() - t0
         return out
-
-    def _run(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Send the step to the other ranks (tensor parallel), then run it here as they do."""
-        if self.ranks is None:
-            return self.forward(inputs)
-        with self.ranks.step():  # a lost rank surfaces here as TensorParallelError
-            self.ranks.send(inputs)
-            return self.forward(inputs)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """The step every rank runs: forward, logits of the sampled rows, block copies.

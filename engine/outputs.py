@@ -86,3 +86,16 @@ class EngineStats:
     prefix_cache_hits: int  # of those, tokens found
     num_preemptions: int
     num_generated_tokens: int
+    # Prompt tokens received: the prompts of the requests accepted (once per request, whatever n).
+    num_prompt_tokens: int = 0
+
+    @property
+    def num_prompt_tokens_computed(self) -> int:
+        """Tokens prefilled on admission, prefix-cache hits excluded (re-admissions after preemption count
+        again): against `num_prompt_tokens`, what the prefix cache and routing saved."""
+        return self.prefix_cache_queries - self.prefix_cache_hits
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the tokens looked up on admission that were found in the prefix cache (0 before any)."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0

@@ -8,6 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests check properties, not speed: hypothesis's per-example deadline (200 ms) fails them on a
+# loaded CI machine. Examples that hang are still caught by pytest-timeout.
+settings.register_profile("conveyor", deadline=None)
+settings.load_profile("conveyor")
 
 # Without a GPU, Triton kernels run on the interpreter; it must be chosen before `triton.jit` runs.
 try:

@@ -18,7 +18,8 @@ from worker.config import WorkerConfig
 # (MULTI/EXEC), intake/stream_reader.py, job_path.py (lookups incl. HMGET attempts, attempt counts incl.
 # HSET of the alone field, refusals), run/aborts.py, run/job_lease.py, recover/takeover_claim.py,
 # run/cancel_listener.py, run/consumer_lease.py, run/lua_script.py, cli/preflight.py, the observer's
-# XINFO GROUPS, fleet/heartbeat.py (the registry record and index), and the scripts in
+# XINFO GROUPS, fleet/heartbeat.py (the registry record and index), fleet/home_watch.py (reads the
+# registry), and the scripts in
 # publish/publisher.py, intake/stream_trim.py and run/consumer_lease.py.
 WORKER_COMMANDS: tuple[str, ...] = (
     "ping",
@@ -45,6 +46,7 @@ WORKER_COMMANDS: tuple[str, ...] = (
     "hincrby",
     "hdel",
     "zadd",
+    "zrange",
     "zrem",
     "zremrangebyscore",
     "publish",
@@ -95,6 +97,7 @@ def _probes(cfg: WorkerConfig) -> dict[str, tuple]:
         "hincrby": ("HINCRBY", k.attempts, job, 1),
         "hdel": ("HDEL", k.attempts, job),
         "zadd": ("ZADD", k.workers, 0, c),
+        "zrange": ("ZRANGE", k.workers, 0, -1),
         "zrem": ("ZREM", k.workers, c),
         "zremrangebyscore": ("ZREMRANGEBYSCORE", k.workers, "-inf", 0),
         "publish": ("PUBLISH", k.cancel_channel, job),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,17 +22,59 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from worker.affinity_key import with_affinity
+from worker.cluster.shard_keys import ShardedKeys
 from worker.connection import Backoff
+from worker.intake.lane_layout import LaneLayout, read_layout
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
+from worker.shard_choice import choose_shard
 
 _DEFAULT_BLOCK_MS = 5000
 _UNSET = object()
+LAYOUT_TTL_S = 2.0  # a client reads the workers' lane layout again after this long
+# Per client: lane layout key -> (monotonic time read, the layout or None).
+_layouts: weakref.WeakKeyDictionary[redis.Redis, dict[str, tuple[float, LaneLayout | None]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None) -> bytes:
+def enqueue(client: redis.Redis, job: dict, keys: Keys | None = None, affinity: bool = True) -> bytes:
+    """XADD the job to the stream it belongs in (`request_stream`); returns the entry id. With `affinity`,
+    a job without an `affinity` key gets the default one (worker/affinity_key.py), so that the jobs sharing
+    a prompt prefix go to the same workers."""
     keys = keys or Keys()
-    entry_id: bytes = client.xadd(keys.requests, {JOB_FIELD: json.dumps(job)})  # type: ignore[assignment]
+    if affinity:
+        job = with_affinity(job)
+    stream = request_stream(client, job, keys)
+    entry_id: bytes = client.xadd(stream, {JOB_FIELD: json.dumps(job)})  # type: ignore[assignment]
     return entry_id
+
+
+def request_stream(client: redis.Redis, job: dict, keys: Keys) -> str:
+    """The requests stream, or, when the workers read priority or tenant lanes, the job's lane's stream
+    (intake/lane_layout.py; the layout is read at most every LAYOUT_TTL_S per client)."""
+    layout = lane_layout(client, keys)
+    return keys.requests if layout is None else layout.stream_for(job)
+
+
+def lane_layout(client: redis.Redis, keys: Keys) -> LaneLayout | None:
+    known = _layouts.setdefault(client, {})
+    read_at, layout = known.get(keys.lane_layout, (-LAYOUT_TTL_S, None))
+    if time.monotonic() - read_at >= LAYOUT_TTL_S:
+        layout = read_layout(client, keys)
+        known[keys.lane_layout] = (time.monotonic(), layout)
+    return layout
+
+
+def enqueue_sharded(client: redis.Redis, job: dict, sharded: ShardedKeys, affinity: bool = True) -> int:
+    """Protocol version 2 on one Redis: add the job to its shard's request stream (shard_choice.py), with
+    the default affinity key set first (unless `affinity` is False), so its key chooses the shard.
+    Returns the shard; the job's events are read with `sharded.shard(<it>)`'s keys."""
+    if affinity:
+        job = with_affinity(job)
+    shard = choose_shard(job, sharded.shards)  # (no lanes with shards: the shard's own stream)
+    client.xadd(sharded.shard(shard).requests, {JOB_FIELD: json.dumps(job)})
+    return shard
 
 
 class NoAnswer(TimeoutError):

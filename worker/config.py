@@ -10,6 +10,8 @@ from typing import Any
 from worker.intake.limits import Limits
 from worker.keys import Keys
 
+CLUSTER_SHARDS = 8  # a cluster's shards when --shards is not given
+
 
 def default_consumer() -> str:
     """Unique per process; pass --consumer to keep a name across restarts (pending entries are resumed)."""
@@ -53,7 +55,16 @@ class WorkerConfig:
         "Redis Cluster: the queue is --shards streams with protocol version 2's keys (docs/protocol.md), "
         "live events on sharded pub/sub (SPUBLISH)",
     )
-    shards: int = knob(8, "cluster mode: the request stream's shards (as many as the clients submit to)")
+    shards: int | None = knob(
+        None,
+        "the queue's shards, protocol version 2's keys (as many as the clients submit to); unset: one "
+        f"stream (version 1) on one Redis, {CLUSTER_SHARDS} shards in cluster mode",
+    )
+    affinity: bool = knob(
+        False,
+        "prefix affinity: read this worker's home shards first (rendezvous hashing over the registry's live "
+        "workers) and take other shards' jobs only with room to spare; needs --shards or --cluster",
+    )
     registry_interval_s: float = knob(
         2.0,
         "seconds between this worker's heartbeats in the fleet registry; its record lapses after 3 missed",
@@ -68,12 +79,21 @@ class WorkerConfig:
             raise ValueError("lease_ms must be >= 300")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
-        if self.shards < 1:
+        if self.shards is not None and self.shards < 1:
             raise ValueError("shards must be >= 1")
+        if self.affinity and self.shard_count is None:
+            raise ValueError("affinity needs a sharded queue: --shards S (or --cluster)")
         if self.registry_interval_s <= 0:
             raise ValueError("registry_interval_s must be > 0")
         if self.max_wait_ms < 0 or self.block_ms < 1:
             raise ValueError("max_wait_ms must be >= 0 and block_ms >= 1")
+
+    @property
+    def shard_count(self) -> int | None:
+        """The shards the worker reads (protocol version 2), or None: one stream (version 1)."""
+        if self.shards is None and self.cluster:
+            return CLUSTER_SHARDS
+        return self.shards
 
     @property
     def heartbeat_s(self) -> float:

@@ -264,6 +264,7 @@ class JobPath:
             b"code": error.code.value,
             b"reason": error.message[:2000],
             b"consumer": cfg.consumer,
+            b"group": cfg.group,  # the model's group: `conveyor top` counts dead letters per model
             b"job": (raw or b"")[: cfg.limits.max_payload_bytes],
         }
         if error.job_id is not None:

@@ -1,9 +1,10 @@
-"""Where a client submits jobs and reads their events: one Redis (protocol version 1) or the shards of a
-Redis Cluster (version 2, worker/cluster/client.py's ClusterClient), behind one small interface so that
-`conveyor batch` and `conveyor demo` run unchanged on either.
+"""Where a client submits jobs and reads their events: one Redis with one stream (protocol version 1,
+SingleQueue) or with version 2's shards (ShardedQueue), or the shards of a Redis Cluster (version 2,
+worker/cluster/client.py's ClusterClient), behind one small interface so that `conveyor submit`,
+`conveyor batch` and `conveyor demo` run unchanged on any of them.
 
-`read_outputs` follows many jobs' output streams at once. On one Redis that is one XREAD over all of them;
-in a cluster the streams of different shards live on different nodes (a multi-key XREAD must stay in one
+`read_outputs` follows many jobs' output streams at once. On one Redis (sharded or not) that is one XREAD
+over all of them; in a cluster the streams of different shards live on different nodes (a multi-key XREAD must stay in one
 slot), so it reads every shard without blocking, and only when nothing came anywhere does it block, on
 one shard at a time for a share of block_ms, so a quiet call still waits about block_ms.
 """
@@ -15,7 +16,8 @@ from typing import Any, Protocol
 
 import redis
 
-from worker.client import enqueue
+from worker.client import enqueue, enqueue_sharded
+from worker.cluster.shard_keys import ShardedKeys
 from worker.keys import Keys
 
 
@@ -53,6 +55,26 @@ class SingleQueue:
         return self.client
 
 
+class ShardedQueue:
+    """One Redis holding protocol version 2's shards (workers started with --shards and no --cluster)."""
+
+    def __init__(self, client: redis.Redis, sharded: ShardedKeys) -> None:
+        self.client, self.sharded = client, sharded
+
+    @property
+    def shards(self) -> int:
+        return self.sharded.shards
+
+    def submit(self, job: dict) -> int:
+        return enqueue_sharded(self.client, job, self.sharded)
+
+    def keys(self, shard: int) -> Keys:
+        return self.sharded.shard(shard)
+
+    def node(self, shard: int) -> redis.Redis:
+        return self.client
+
+
 @dataclass
 class Cursor:
     """Where reading one job's output stream stands."""
@@ -66,20 +88,20 @@ def read_outputs(
 ) -> list[tuple[str, list[tuple[bytes, dict]]]]:
     """New entries of the streams named in `cursors` (output stream name -> Cursor): a list of
     (stream name, [(entry id, fields)]). Moves no cursor: the caller does, as it handles entries."""
-    by_shard: dict[int, dict[str, bytes]] = {}
+    # Streams a client can read in one XREAD: every shard on one Redis, one shard's in a cluster.
+    by_client: dict[int, tuple[redis.Redis, dict[str, bytes]]] = {}
     for name, cursor in cursors.items():
-        by_shard.setdefault(cursor.shard, {})[name] = cursor.last_id
-    if len(by_shard) == 1:  # one node: one read, blocking
-        ((shard, streams),) = by_shard.items()
-        return _read(queue.node(shard), streams, block_ms, count)
-    found = [
-        hit for shard, streams in by_shard.items() for hit in _read(queue.node(shard), streams, None, count)
-    ]
+        client = queue.node(cursor.shard)
+        by_client.setdefault(id(client), (client, {}))[1][name] = cursor.last_id
+    if len(by_client) == 1:  # one read, blocking
+        ((client, streams),) = by_client.values()
+        return _read(client, streams, block_ms, count)
+    found = [hit for client, streams in by_client.values() for hit in _read(client, streams, None, count)]
     if found:
         return found
-    share = max(1, block_ms // len(by_shard))
-    for shard, streams in by_shard.items():
-        if found := _read(queue.node(shard), streams, share, count):
+    share = max(1, block_ms // len(by_client))
+    for client, streams in by_client.values():
+        if found := _read(client, streams, share, count):
             return found
     return []
 

@@ -37,6 +37,16 @@ class Keys:
     def dead(self) -> str:
         return self.dead_stream or f"{self.prefix}:dead"
 
+    def lane(self, name: str) -> str:
+        """A lane's request stream beside the requests stream (intake/lanes.py, intake/lane_layout.py)."""
+        return f"{self.requests}:{name}"
+
+    @property
+    def lane_layout(self) -> str:
+        """The lane layout (JSON, intake/lane_layout.py): which stream a job goes to; absent: the requests
+        stream. Written by workers with priority or tenant lanes, read by clients."""
+        return f"{self.requests}:lanes"
+
     @property
     def cancel_channel(self) -> str:
         return f"{self.prefix}:cancel"
@@ -63,6 +73,17 @@ class Keys:
         """A live worker's registry record (JSON), expiring one TTL after its last heartbeat."""
         return f"{self.prefix}:worker:{consumer}"
 
+    @property
+    def usage(self) -> str:
+        """Hash of per-tenant, per-model usage counters (worker/fleet/accounting.py), added to by the
+        terminal script."""
+        return f"{self.prefix}:usage"
+
+    @property
+    def batches(self) -> str:
+        """Hash of batch id -> progress JSON (worker/fleet/snapshot.py BatchView), kept by batch drivers."""
+        return f"{self.prefix}:batches"
+
     def owner(self, job_id: str) -> str:
         """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
         return f"{self.prefix}:owner:{job_id}"
@@ -73,7 +94,7 @@ class Keys:
         """Hash: `meta` (the File object's JSON, with its tenant) and `content` (the bytes)."""
         return f"{self.prefix}:file:{file_id}"
 
-    def files(self, tenant: str) -> str:
+    def tenant_files(self, tenant: str) -> str:
         """Sorted set of a tenant's file ids by creation time (seconds)."""
         return f"{self.prefix}:tenant:{tenant}:files"
 
@@ -82,7 +103,7 @@ class Keys:
         PX), `answered` (set of custom_ids written), `output` / `errors` (lists of output lines)."""
         return f"{self.prefix}:batch:{{{batch_id}}}" + (f":{part}" if part else "")
 
-    def batches(self, tenant: str) -> str:
+    def tenant_batches(self, tenant: str) -> str:
         """Sorted set of a tenant's batch ids by creation time (seconds)."""
         return f"{self.prefix}:tenant:{tenant}:batches"
 

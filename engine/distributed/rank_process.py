@@ -1,7 +1,8 @@
 """The process of a tensor-parallel rank other than 0, from spawn to exit.
 
-    join the group -> load this rank's model -> agree on the KV block count (MIN over ranks) -> allocate
-    loop: receive a step from rank 0 -> ModelRunner.forward (the code rank 0 runs) ; STOP -> exit 0
+    join the group -> build_rank_runner (as rank 0 does: load this rank's model, agree on the KV block
+    count, allocate) -> loop: receive a step from rank 0 -> ModelRunner.forward (the code rank 0 runs);
+    STOP -> exit 0
 
 It never outlives rank 0: between steps it waits on rank 0's header pipe (EOF when rank 0 is gone); inside
 a collective, the dead parent's sockets fail it, and a thread exits the process when its parent is gone. SIGINT and SIGTERM are ignored: a Ctrl-C or a SIGTERM sent to
@@ -22,10 +23,8 @@ import torch
 from engine.attention import get_attention_backend
 from engine.config import EngineConfig
 from engine.distributed.group import start_group, stop_group
-from engine.distributed.rank_model import agree_num_blocks, load_rank_model, rank_device, rank_num_blocks
+from engine.distributed.rank_runner import build_rank_runner, rank_device
 from engine.distributed.step_message import receive
-from engine.kv_cache import allocate_kv_pool
-from engine.model_runner import ModelRunner
 
 PARENT_POLL_S = 0.5
 
@@ -51,19 +50,7 @@ def rank_main(args: RankArgs) -> None:
     )
     try:
         backend = get_attention_backend(config.attention_backend, device)
-        model, spec = load_rank_model(config, device, backend, group)
-        num_blocks = agree_num_blocks(group, rank_num_blocks(config, spec, device), device)
-        runner = ModelRunner(
-            model,
-            spec,
-            allocate_kv_pool(spec, num_blocks, config.block_size, device),
-            config.block_size,
-            device,
-            backend,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len or spec.max_position_embeddings,
-        )
+        runner = build_rank_runner(config, device, backend, group).runner
         while (inputs := receive(group, device, args.headers)) is not None:
             runner.forward(inputs)
     except EOFError:  # rank 0 is gone without a STOP: nothing left to serve

@@ -71,8 +71,8 @@ class ModelArgs:
             qk_norm=family == "qwen3",
             rope_theta=theta,
             rope=rope,
-            torch_dtype=_dtype(cfg.get("torch_dtype") or cfg.get("dtype")),
-            eos_token_ids=_ids(cfg.get("eos_token_id")),
+            torch_dtype=config_dtype(cfg.get("torch_dtype") or cfg.get("dtype")),
+            eos_token_ids=config_ids(cfg.get("eos_token_id")),
             layer_windows=layer_windows(cfg, family),
         )
 
@@ -125,13 +125,15 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     return theta, {"rope_type": kind, **merged}
 
 
-def _dtype(name: Any) -> torch.dtype | None:
+def config_dtype(name: Any) -> torch.dtype | None:
+    """config.json's `torch_dtype` / `dtype` ("bfloat16", "torch.float16") as a torch dtype; None if absent."""
     if not isinstance(name, str):
         return None
     return getattr(torch, name.removeprefix("torch."), None)
 
 
-def _ids(value: Any) -> tuple[int, ...]:
+def config_ids(value: Any) -> tuple[int, ...]:
+    """config.json's `eos_token_id` (an int, a list or null) as a tuple."""
     if value is None:
         return ()
     return tuple(value) if isinstance(value, list) else (int(value),)

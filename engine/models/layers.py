@@ -1,4 +1,4 @@
-"""Building blocks shared by the Llama family: RMSNorm, rotary embedding, gated MLP, a sliced LM head."""
+"""Building blocks shared by the Llama family: RMSNorm, rotary embedding, gated MLP."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.group import TPGroup
-from engine.distributed.layers import RowParallelLinear, gate_up_linear
+from engine.distributed.parallel_linear import RowParallelLinear, gate_up_linear
 from engine.models.config import ModelArgs, rope_inv_freq
 
 
@@ -61,29 +61,3 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, hidden]
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
-
-
-# Rows of the LM head weight per matmul on the CPU, and the fewest input rows for which slicing pays.
-# benchmarks/cpu_gemm_layouts.py (one thread, CPU time, [R, 512] x [512, 32000] fp32): 32 rows 22.5 ms
-# as one matmul, 18.6 ms in slices of 1024 or 2048, 20.7 ms in slices of 4096; 8 rows 13.0 -> 9.6 ms
-# (2048); one row 6.2 ms either way or slower sliced. Each slice's [R, slice] output block (256 KiB at
-# 32 rows) stays in cache while the weight streams past it.
-LM_HEAD_SLICE = 2048
-LM_HEAD_SLICE_MIN_ROWS = 8
-
-
-def sliced_linear(x: torch.Tensor, weight: torch.Tensor, slice_rows: int) -> torch.Tensor:
-    """F.linear(x, weight) computed `slice_rows` output columns at a time into one preallocated output.
-
-    x: [R, K], weight: [N, K] -> [R, N]. The split is over N, never over the reduction K, so each output
-    is the same K-long dot product as in one matmul; bit for bit the same as long as no slice is narrow
-    (CPU BLAS takes another path below ~16 columns, which rounds differently): a tail shorter than half a
-    slice joins the slice before it. tests/models/test_sliced_lm_head.py checks it bit for bit."""
-    n = weight.shape[0]
-    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    starts = list(range(0, n, slice_rows))
-    if len(starts) > 1 and n - starts[-1] < slice_rows // 2:
-        starts.pop()
-    for start, end in zip(starts, starts[1:] + [n], strict=True):
-        torch.mm(x, weight[start:end].t(), out=out[:, start:end])
-    return out

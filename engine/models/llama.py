@@ -4,7 +4,7 @@ Differences between the family members are two switches on `ModelArgs`: `qkv_bia
 `qk_norm` (Qwen3: RMSNorm over each head of q and k before rotary), plus per-layer sliding windows
 (`ModelArgs.layer_windows`: Mistral, Qwen2/3 with `use_sliding_window`) passed to the attention backend.
 
-Tensor parallelism (`tp`, engine/distributed/layers.py): each rank holds num_heads / size query heads and its
+Tensor parallelism (`tp`, engine/distributed/parallel_linear.py and vocab_parallel.py): each rank holds num_heads / size query heads and its
 KV heads (replicated when fewer than the ranks), intermediate / size MLP columns, and padded_vocab / size rows
 of the embedding and LM head. With `TPGroup.single()` (the default) it is the plain single-device model.
 """
@@ -12,24 +12,16 @@ of the embedding and LM head. With `TPGroup.single()` (the default) it is the pl
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.distributed.group import TPGroup
-from engine.distributed.layers import ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, qkv_linear
+from engine.distributed.parallel_linear import RowParallelLinear, qkv_linear
 from engine.distributed.partition import even_span, kv_heads_per_rank
+from engine.distributed.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from engine.models.config import ModelArgs
-from engine.models.layers import (
-    LM_HEAD_SLICE,
-    LM_HEAD_SLICE_MIN_ROWS,
-    GatedMLP,
-    RMSNorm,
-    Rotary,
-    apply_rotary,
-    sliced_linear,
-)
+from engine.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, num_kv_heads, head_dim]
 
@@ -103,10 +95,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(args, i, self.tp) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.rotary = Rotary(args)
+        # Its form (`sliced` on the CPU) is chosen when the model is placed (model_loader), not per call.
         self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, self.tp)
-        # The LM head's form, chosen when the model is placed (model_loader), not per call: the sliced
-        # matmul is for the host's caches; a GPU takes one F.linear.
-        self.sliced_lm_head = True
         if args.tie_word_embeddings:  # same row split, so each rank's head is its embedding shard
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -131,10 +121,6 @@ class LlamaForCausalLM(nn.Module):
 
         A collective under tensor parallelism: every rank must call it with the same rows. Only the rows
         that are sampled reach here (the runner picks them), so R is the batch, not T."""
-        weight = self.lm_head.weight  # [padded_vocab / size, hidden]: this rank's vocabulary rows
-        if self.sliced_lm_head and hidden.shape[0] >= LM_HEAD_SLICE_MIN_ROWS:
-            local = sliced_linear(hidden, weight, LM_HEAD_SLICE)
-        else:
-            local = F.linear(hidden, weight)
+        local = self.lm_head(hidden)  # [R, padded_vocab / size]: this rank's vocabulary columns
         logits = self.lm_head.gather(local)  # [R, vocab] on rank 0
         return None if logits is None else logits.float()

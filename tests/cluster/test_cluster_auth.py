@@ -12,11 +12,13 @@ from redis.exceptions import RedisClusterException
 
 from tests.cluster.conftest import SHARDS, sharded_worker
 from tests.helpers.worker_fakes import FakeEngine
+from worker.affinity_key import with_affinity
 from worker.cli.main import main
 from worker.cluster import local_cluster
-from worker.cluster.client import ClusterClient, shard_for
+from worker.cluster.client import ClusterClient
 from worker.cluster.connect import connect_cluster
 from worker.cluster.shard_keys import ShardedKeys
+from worker.shard_choice import choose_shard
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -55,7 +57,9 @@ def test_workers_and_clients_pass_the_urls_password_to_every_node(secured):
             )
             assert run.exit_code == 0, run.output
             # (the in-process worker logs to the same stdout: read the job back from its stream)
-            events = client.collect("cli1", shard_for("cli1", SHARDS), timeout_s=10)
+            events = client.collect(
+                "cli1", choose_shard(with_affinity({"id": "cli1", "prompt": "hello"}), SHARDS), timeout_s=10
+            )
             assert events[-1]["type"] == "done" and events[-1]["text"] == engine.expected_text("hello", 4)
     finally:
         client.close()

@@ -11,9 +11,11 @@ from click.testing import CliRunner
 
 from tests.cluster.conftest import sharded_worker
 from tests.helpers.worker_fakes import FakeEngine
+from worker.affinity_key import with_affinity
+from worker.cli.demo import PROMPTS
 from worker.cli.main import main
-from worker.cluster.client import shard_for
 from worker.cluster.connect import connect_cluster
+from worker.shard_choice import choose_shard
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -54,10 +56,15 @@ def test_batch_file_through_two_shards_answers_each_custom_id_once(cluster, clie
     assert len(out.read_text().splitlines()) == len(ids)
 
 
+def demo_job(k: int) -> dict:
+    """The demo's k-th job as the client submits it (keyed by its prompt, worker/affinity_key.py)."""
+    return with_affinity({"id": f"demo-{k}", "prompt": PROMPTS[k % len(PROMPTS)]})
+
+
 def test_demo_on_the_cluster(cluster, client, monkeypatch, tmp_path):
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
     jobs, shards = 3, 4
-    assert len({shard_for(f"demo-{k}", shards) for k in range(jobs)}) > 1  # the demo's jobs span shards
+    assert len({choose_shard(demo_job(k), shards) for k in range(jobs)}) > 1  # the demo's jobs span shards
     args = ["demo", "--cluster", "--shards", str(shards), "--redis-url", cluster.url]
     run = CliRunner().invoke(main, [*args, "--jobs", str(jobs), "--max-tokens", "6", "--replicas", "1"])
     assert run.exit_code == 0, run.output

@@ -9,7 +9,7 @@ import redis
 
 from tests.cluster.conftest import SHARDS
 from worker.cluster.connect import shard_client
-from worker.cluster.node_rounds import NodeRounds
+from worker.run.node_rounds import NodeRounds
 from worker.run.round import Round
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(60)]

@@ -31,10 +31,9 @@ def test_engine_refuses_before_the_kv_pool_when_auto_resolves_to_triton(monkeypa
     monkeypatch.setattr(llm_engine, "get_attention_backend", lambda name, device: TritonAttentionBackend())
 
     def no_pool(*args, **kwargs):
-        raise AssertionError("the KV pool was allocated before the refusal")
+        raise AssertionError("the model and its KV pool were built before the refusal")
 
-    monkeypatch.setattr(llm_engine, "allocate_kv_pool", no_pool)
-    monkeypatch.setattr(llm_engine, "load_rank_model", no_pool)
+    monkeypatch.setattr(llm_engine, "build_rank_runner", no_pool)
     with pytest.raises(ValueError, match="block_size 8 is not supported"):
         llm_engine.LLMEngine(tiny_model, block_size=8, num_kv_blocks=16)
 

@@ -36,7 +36,7 @@ def test_engine_sets_cuda_1_on_its_own_thread_before_loading(monkeypatch, set_de
         calls_at_load.append(list(set_device_calls))
         raise Stop
 
-    monkeypatch.setattr(llm_engine, "load_rank_model", load)
+    monkeypatch.setattr(llm_engine, "build_rank_runner", load)
     with pytest.raises(Stop):
         llm_engine.LLMEngine(tiny_model, device="cuda:1", num_kv_blocks=16)
     assert calls_at_load == [[(CUDA1, threading.get_ident())]]

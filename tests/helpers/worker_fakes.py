@@ -116,6 +116,11 @@ class FakeEngine:
     def step(self) -> list[StepDelta]:
         time.sleep(self.step_s)
         self.batch_sizes.append(len({s.request_id for s in self.samples}))
+        # One token per sample still producing (the fake has no prefill to compute).
+        self._step_tokens: dict[str, int] = {}
+        for s in self.samples:
+            if not s.aborted and len(s.out) < (s.params.max_tokens or 0):
+                self._step_tokens[s.request_id] = self._step_tokens.get(s.request_id, 0) + 1
         deltas = []
         for s in list(self.samples):
             new = []
@@ -151,6 +156,9 @@ class FakeEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.samples)
+
+    def step_tokens(self) -> dict[str, int]:
+        return dict(getattr(self, "_step_tokens", {}))
 
     def blocks_used(self) -> int:
         return sum(-(-(len(s.prompt) + len(s.out)) // self.block_size) for s in self.samples if not s.aborted)

@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.block_pool import BlockPool
-from engine.distributed.rank_model import rank_num_blocks
+from engine.distributed.rank_runner import rank_num_blocks
 from engine.kv_cache import PREFIX_CACHE_FACTOR, bytes_per_block
 from engine.model_loader import ModelSpec
 

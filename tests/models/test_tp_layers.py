@@ -1,4 +1,5 @@
-"""The tensor-parallel layers alone against their unsharded torch equivalents, on one rank and on two."""
+"""The tensor-parallel layers alone against their unsharded torch equivalents, on one rank and on two; each
+parameter filled by its own weight loader, as the native and generic loaders fill them."""
 
 from __future__ import annotations
 
@@ -7,18 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from engine.distributed.group import TPGroup
-from engine.distributed.layers import (
-    ParallelLMHead,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    column_linear,
-    gate_up_linear,
-    qkv_linear,
-)
+from engine.distributed.parallel_linear import RowParallelLinear, column_linear, gate_up_linear, qkv_linear
+from engine.distributed.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
+from engine.distributed.weight_loader import weight_loader_of
 from tests.helpers.tp_values import values_on_ranks
 
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS = 6, 3, 4, 1  # one KV head for two ranks: replicated
 VOCAB = 7  # not a multiple of 2: the last rank's table has one padding row
+SCALE = 3.0
 
 
 def _weights() -> dict[str, torch.Tensor]:
@@ -41,30 +38,50 @@ def _weights() -> dict[str, torch.Tensor]:
         "gate.w": rand(10, HIDDEN),
         "up.w": rand(10, HIDDEN),
         "vocab.w": rand(VOCAB, HIDDEN),
+        "vocab.b": rand(VOCAB),
         "x": rand(3, HIDDEN),
         "x8": rand(3, 8),
     }
 
 
+def _load(param: torch.Tensor, source: torch.Tensor, shard: str | None = None) -> None:
+    weight_loader_of(param)(param, source, shard)
+
+
 def _build(tp: TPGroup, w: dict[str, torch.Tensor]) -> dict[str, torch.nn.Module]:
     col = column_linear(HIDDEN, 8, True, tp)
-    col.load_slice("weight", w["col.w"], None)
-    col.load_slice("bias", w["col.b"], None)
+    _load(col.weight, w["col.w"])
+    _load(col.bias, w["col.b"])
     row = RowParallelLinear(8, 5, True, tp)
-    row.load_slice("weight", w["row.w"], None)
-    row.load_slice("bias", w["row.b"], None)
+    _load(row.weight, w["row.w"])
+    _load(row.bias, w["row.b"])
     qkv = qkv_linear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS, True, tp)
     for part in "qkv":
-        qkv.load_slice("weight", w[f"{part}.w"], part)
-        qkv.load_slice("bias", w[f"{part}.b"], part)
+        _load(qkv.weight, w[f"{part}.w"], part)
+        _load(qkv.bias, w[f"{part}.b"], part)
     gate_up = gate_up_linear(HIDDEN, 10, tp)
-    gate_up.load_slice("weight", w["gate.w"], "gate")
-    gate_up.load_slice("weight", w["up.w"], "up")
+    _load(gate_up.weight, w["gate.w"], "gate")
+    _load(gate_up.weight, w["up.w"], "up")
     embed = VocabParallelEmbedding(VOCAB, HIDDEN, tp)
-    embed.load_slice("weight", w["vocab.w"], None)
+    _load(embed.weight, w["vocab.w"])
     head = ParallelLMHead(VOCAB, HIDDEN, tp)
     head.weight = embed.weight  # tied, as the model ties them
-    return {"col": col, "row": row, "qkv": qkv, "gate_up": gate_up, "embed": embed, "head": head}
+    # The generic path's variants: a head with a bias (GPT-NeoX style), a scaled embedding (Gemma 3).
+    biased = ParallelLMHead(VOCAB, HIDDEN, tp, bias=True)
+    _load(biased.weight, w["vocab.w"])
+    _load(biased.bias, w["vocab.b"])
+    scaled = VocabParallelEmbedding(VOCAB, HIDDEN, tp, scale=torch.tensor(SCALE))
+    _load(scaled.weight, w["vocab.w"])
+    return {
+        "col": col,
+        "row": row,
+        "qkv": qkv,
+        "gate_up": gate_up,
+        "embed": embed,
+        "head": head,
+        "biased": biased,
+        "scaled": scaled,
+    }
 
 
 def _outputs(tp: TPGroup, w: dict[str, torch.Tensor]) -> dict[str, object]:
@@ -79,7 +96,9 @@ def _outputs(tp: TPGroup, w: dict[str, torch.Tensor]) -> dict[str, object]:
             "qkv": layers["qkv"](x),
             "gate_up": layers["gate_up"](x),
             "embed": layers["embed"](torch.arange(VOCAB)),
-            "head": layers["head"](x),
+            "head": layers["head"].gather(layers["head"](x)),
+            "biased": layers["biased"].gather(layers["biased"](x)),
+            "scaled": layers["scaled"](torch.arange(VOCAB)[None]),  # [1, T], as transformers calls it
             "embed_rows": layers["embed"].weight.detach().clone(),
         }
 
@@ -96,6 +115,8 @@ def _reference(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "up": F.linear(x, w["up.w"]),
         "embed": F.embedding(torch.arange(VOCAB), w["vocab.w"]),
         "head": F.linear(x, w["vocab.w"]),
+        "biased": F.linear(x, w["vocab.w"], w["vocab.b"]),
+        "scaled": F.embedding(torch.arange(VOCAB), w["vocab.w"])[None] * SCALE,
     }
 
 
@@ -109,6 +130,7 @@ def test_one_rank_is_bitwise_the_plain_torch_layers():
     assert torch.equal(out["qkv"], F.linear(w["x"], qkv_w, qkv_b))
     assert torch.equal(out["gate_up"], F.linear(w["x"], torch.cat([w["gate.w"], w["up.w"]])))
     assert torch.equal(out["embed"], ref["embed"]) and torch.equal(out["head"], ref["head"])
+    assert torch.equal(out["biased"], ref["biased"]) and torch.equal(out["scaled"], ref["scaled"])
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +174,13 @@ def test_vocab_embedding_and_head_with_a_padded_vocabulary(two_ranks):
     torch.testing.assert_close(r1["embed"], ref["embed"])
     assert r0["head"].shape == (3, VOCAB) and r1["head"] is None  # the padding column is dropped
     torch.testing.assert_close(r0["head"], ref["head"])
+    assert r0["biased"].shape == (3, VOCAB) and r1["biased"] is None  # the bias's padding row too
+    torch.testing.assert_close(r0["biased"], ref["biased"])
+    torch.testing.assert_close(r0["scaled"], ref["scaled"])  # scaled once, after the sum over ranks
+    torch.testing.assert_close(r1["scaled"], ref["scaled"])
 
 
 def test_a_checkpoint_tensor_of_the_wrong_shape_is_refused():
     col = column_linear(HIDDEN, 8, False, TPGroup.single())
     with pytest.raises(ValueError, match=r"checkpoint shape \(8, 5\) != expected \(8, 6\)"):
-        col.load_slice("weight", torch.zeros(8, 5), None)
+        _load(col.weight, torch.zeros(8, 5))

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
-from engine import model_loader
+from engine import checkpoint
 from engine.attention.backend import get_attention_backend
 from engine.distributed.group import TPGroup
 from engine.distributed.partition import padded_vocab
 from engine.kv_cache import allocate_kv_pool, layer_views
 from engine.model_loader import load_model
+from tests.helpers.checkpoint_reads import ReadLog
 from tests.helpers.model_helpers import metadata
 from tests.helpers.tp_values import values_on_ranks
 
@@ -35,49 +35,6 @@ STEPS = [
     [("a", 0, 5, [5, 2]), ("b", 0, 8, [7, 1, 4])],
     [("a", 5, 1, [5, 2]), ("b", 8, 3, [7, 1, 4])],
 ]
-
-
-class ReadLog:
-    """safe_open stand-in for the loader: records the shape of every slice read; reading a whole tensor
-    with get_tensor fails."""
-
-    def __init__(self) -> None:
-        self.reads: dict[str, list[tuple[int, ...]]] = {}
-        self.full: dict[str, tuple[int, ...]] = {}
-
-    def open(self, path, framework, device):
-        log, real = self, safe_open(path, framework=framework, device=device)
-
-        class Handle:
-            def __enter__(self):
-                self.f = real.__enter__()
-                return self
-
-            def __exit__(self, *exc):
-                return real.__exit__(*exc)
-
-            def keys(self):
-                return self.f.keys()
-
-            def get_tensor(self, name):
-                raise AssertionError(f"whole tensor {name} read")
-
-            def get_slice(self, name):
-                inner = self.f.get_slice(name)
-                log.full[name] = tuple(inner.get_shape())
-
-                class Slice:
-                    def get_shape(self):
-                        return inner.get_shape()
-
-                    def __getitem__(self, index):
-                        part = inner[index]
-                        log.reads.setdefault(name, []).append(tuple(part.shape))
-                        return part
-
-                return Slice()
-
-        return Handle()
 
 
 def _forward_steps(model, spec, block: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
@@ -114,7 +71,7 @@ def _param_bytes(model) -> dict[str, int]:
 def _on_rank(group: TPGroup, model_dir: Path, backend: str = "torch", block: int = BLOCK):
     log = ReadLog()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(model_loader, "safe_open", log.open)
+        mp.setattr(checkpoint, "safe_open", log.open)
         model, spec = load_model(
             model_dir, tp=group, attention_backend=get_attention_backend(backend, torch.device("cpu"))
         )

@@ -1,6 +1,7 @@
 """The docs state what the code does (issue 20, item 7): the limits on stop strings, stop token ids and n
-are read from SamplingParams; `priority` orders only the jobs a worker has taken, never the backlog in
-Redis, which the worker reads in entry order (shown with a worker that has room for one job at a time)."""
+are read from SamplingParams; without priority lanes `priority` orders only the jobs a worker has taken,
+never the backlog in Redis, which the worker reads in entry order (shown with a worker that has room for
+one job at a time; with priority lanes: tests/worker/run/test_layout_worker.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_the_protocol_says_priority_does_not_reorder_the_backlog():
     )
     assert "orders only the jobs a worker has already taken" in row
     assert "does not reorder the backlog in Redis" in row
+    assert "Across the backlog in Redis only with priority lanes" in row
 
 
 @pytest.mark.redis

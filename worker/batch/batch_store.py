@@ -97,7 +97,7 @@ class BatchStore:
         }
         meta = json.dumps({**fixed, "metadata": metadata, "tenant": tenant, "tag_jobs": tag_jobs})
         self.client.hset(self.keys.batch(batch.id), mapping={"meta": meta, "status": "validating"})
-        self.client.zadd(self.keys.batches(tenant), {batch.id: time.time()})
+        self.client.zadd(self.keys.tenant_batches(tenant), {batch.id: time.time()})
         self.client.sadd(self.keys.batches_open, batch.id)
         return batch
 
@@ -116,7 +116,7 @@ class BatchStore:
 
     def page(self, tenant: str, limit: int = 20, after: str | None = None) -> list[BatchObject]:
         """Newest first, as OpenAI lists them; `after` is the last id of the previous page."""
-        ids: Any = self.client.zrange(self.keys.batches(tenant), 0, -1, desc=True)
+        ids: Any = self.client.zrange(self.keys.tenant_batches(tenant), 0, -1, desc=True)
         ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
         if after is not None:
             ids = ids[ids.index(after) + 1 :] if after in ids else []

@@ -3,11 +3,12 @@ a progress bar; a rerun resumes from what the output file holds (worker/batch/re
 
 from __future__ import annotations
 
-from typing import IO
+from typing import IO, Any
 
 from worker.batch.progress import Progress
 from worker.batch.resume import Answered, read_answered
 from worker.batch.sink import Stop
+from worker.fleet.batch_board import BatchBoard
 
 
 class FileSink:
@@ -15,6 +16,9 @@ class FileSink:
         self._answered = read_answered(output_path)
         self._progress = progress
         self.bar: Progress | None = None
+        self._board_at: tuple[Any, str, str] | None = None
+        self.board: BatchBoard | None = None
+        self._skipped = 0
         self._out: IO[str] = open(output_path, "a", encoding="utf-8")
         self._errors: IO[str] | None = open(errors_path, "a", encoding="utf-8") if errors_path else None
 
@@ -31,9 +35,19 @@ class FileSink:
             self._errors.flush()
         if self.bar is not None:
             self.bar.finished(ok, tokens)
+            if self.board is not None:
+                self.board.update(self._skipped + self.bar.done, self.bar.failed)
+
+    def show_on(self, client: Any, key: str, name: str) -> None:
+        """Keep the run's progress on the batch board (`conveyor top`, the dashboard) under `name`."""
+        self._board_at = (client, key, name)
 
     def started(self, total: int, skipped: int) -> None:
         self.bar = Progress(total, skipped, self._progress)
+        self._skipped = skipped
+        if self._board_at is not None:
+            self.board = BatchBoard(*self._board_at, total)
+            self.board.update(skipped, 0, force=True)
 
     def stop(self) -> Stop | None:
         return None
@@ -44,3 +58,5 @@ class FileSink:
             self._errors.close()
         if self.bar is not None:
             self.bar.close()
+        if self.board is not None:
+            self.board.close()

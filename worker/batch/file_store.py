@@ -57,7 +57,7 @@ class FileStore:
         # Two keys, two slots in a cluster: the record first, then the index (a lost index entry only hides
         # the file from listings; list() skips index entries without a record).
         self.client.hset(self.keys.file(obj.id), mapping={"meta": meta, "content": content})
-        self.client.zadd(self.keys.files(tenant), {obj.id: time.time()})
+        self.client.zadd(self.keys.tenant_files(tenant), {obj.id: time.time()})
         return obj
 
     def get(self, tenant: str, file_id: str) -> FileObject | None:
@@ -78,7 +78,7 @@ class FileStore:
         order: Literal["asc", "desc"] = "desc",
         after: str | None = None,
     ) -> list[FileObject]:
-        ids: Any = self.client.zrange(self.keys.files(tenant), 0, -1, desc=order == "desc")
+        ids: Any = self.client.zrange(self.keys.tenant_files(tenant), 0, -1, desc=order == "desc")
         ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
         if after is not None:
             ids = ids[ids.index(after) + 1 :] if after in ids else []
@@ -100,7 +100,7 @@ class FileStore:
         if self._meta(tenant, file_id) is None:
             return False
         self.client.delete(self.keys.file(file_id))
-        self.client.zrem(self.keys.files(tenant), file_id)
+        self.client.zrem(self.keys.tenant_files(tenant), file_id)
         return True
 
     def _meta(self, tenant: str, file_id: str) -> dict | None:

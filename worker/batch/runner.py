@@ -18,6 +18,7 @@ with the stop's code.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class BatchRunner:
     def run(self, input_path: str, output_path: str, errors_path: str | None = None) -> BatchSummary:
         """`conveyor batch`: a local input file, answers appended to local files; rerun to resume."""
         sink = FileSink(output_path, errors_path, self.progress)
+        # Seen by `conveyor top` and the dashboard (worker/fleet/batch_board.py).
+        sink.show_on(self.queue.node(0), self.queue.keys(0).batches, os.path.basename(input_path))
         try:
             return self.drive(lambda: _lines(input_path), sink)
         finally:

@@ -24,9 +24,9 @@ from redis.exceptions import RedisClusterException
 from worker import local_redis
 from worker.cli.tiny_model import resolve_model
 from worker.cluster.shard_keys import ShardedKeys
-from worker.config import WorkerConfig
+from worker.config import CLUSTER_SHARDS, WorkerConfig
 from worker.connection import connect
-from worker.job_queue import Cursor, JobQueue, SingleQueue, read_outputs
+from worker.job_queue import Cursor, JobQueue, ShardedQueue, SingleQueue, read_outputs
 from worker.keys import EVENT_FIELD, Keys
 
 PROMPTS = [
@@ -44,11 +44,12 @@ def run_demo(
     max_tokens: int,
     arch: str,
     cluster: bool = False,
-    shards: int = 8,
+    shards: int | None = None,
     replicas: int = 0,
 ) -> None:
     """With `cluster`, the URL is a Redis Cluster node (or a local 3-master cluster is started) and the jobs
-    go through protocol version 2's shards to a ShardedWorker."""
+    go through protocol version 2's shards to a ShardedWorker; with `shards` alone, through that many
+    shards of one Redis to a lanes worker."""
     from engine import LLMEngine
     from worker.cli import logs
 
@@ -60,9 +61,10 @@ def run_demo(
     engine = LLMEngine(model, num_kv_blocks=512, max_num_seqs=16)
     with ExitStack() as stack:
         if cluster:
-            queue, worker = _on_a_cluster(stack, redis_url, engine, ShardedKeys(prefix, shards), replicas)
+            sharded = ShardedKeys(prefix, shards or CLUSTER_SHARDS)
+            queue, worker = _on_a_cluster(stack, redis_url, engine, sharded, replicas)
         else:
-            queue, worker = _on_one_redis(stack, redis_url, engine, Keys(prefix=prefix))
+            queue, worker = _on_one_redis(stack, redis_url, engine, Keys(prefix=prefix), shards)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
 
@@ -86,7 +88,10 @@ def run_demo(
         )
 
 
-def _on_one_redis(stack: ExitStack, redis_url: str, engine, keys: Keys) -> tuple[JobQueue, Any]:
+def _on_one_redis(
+    stack: ExitStack, redis_url: str, engine, keys: Keys, shards: int | None
+) -> tuple[JobQueue, Any]:
+    from worker.run.lanes_worker import shards_on_one_redis
     from worker.run.loop import Worker
 
     if not local_redis.answers(redis_url):
@@ -98,8 +103,11 @@ def _on_one_redis(stack: ExitStack, redis_url: str, engine, keys: Keys) -> tuple
         click.echo(f"redis: using {redis_url}")
     client = connect(redis_url)
     stack.callback(_delete_demo_keys, client, keys.prefix)
-    worker = Worker(engine, connect(redis_url), WorkerConfig(group="demo", consumer="demo-worker", keys=keys))
-    return SingleQueue(client, keys), worker
+    cfg = WorkerConfig(group="demo", consumer="demo-worker", keys=keys, shards=shards)
+    if shards is not None:
+        queue = ShardedQueue(client, ShardedKeys(keys.prefix, shards))
+        return queue, shards_on_one_redis(engine, connect(redis_url), cfg)
+    return SingleQueue(client, keys), Worker(engine, connect(redis_url), cfg)
 
 
 def _on_a_cluster(

@@ -15,9 +15,10 @@ import redis
 from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.batch.api_config import BatchApiConfig
+from worker.cli.lane_options import PRIORITY_HELP, TENANT_HELP, lane_layout
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
-from worker.config import WorkerConfig
+from worker.config import CLUSTER_SHARDS, WorkerConfig
 from worker.intake.limits import Limits
 from worker.keys import Keys
 
@@ -100,7 +101,13 @@ def cluster_client_options(f):
             opt(
                 "--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)"
             ),
-            opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards"),
+            opt(
+                "--shards",
+                type=click.IntRange(min=1),
+                default=None,
+                help="the workers' --shards (protocol version 2); default: one stream on one Redis, "
+                f"{CLUSTER_SHARDS} in cluster mode",
+            ),
             opt(
                 "--replicas",
                 type=int,
@@ -113,16 +120,20 @@ def cluster_client_options(f):
     return f
 
 
-def _queue(kw: dict, keys: Keys, cluster: bool, shards: int, replicas: int):
-    """Where jobs go (worker/job_queue.py): --redis-url's one Redis, or in cluster mode its shards."""
-    from worker.job_queue import SingleQueue
+def _queue(kw: dict, keys: Keys, cluster: bool, shards: int | None, replicas: int):
+    """Where jobs go (worker/job_queue.py): --redis-url's one Redis (its one stream, or with --shards its
+    shards), or in cluster mode the cluster's shards."""
+    from worker.cluster.shard_keys import ShardedKeys
+    from worker.job_queue import ShardedQueue, SingleQueue
 
     if not cluster:
-        return SingleQueue(_client(kw), keys)
+        if shards is None:
+            return SingleQueue(_client(kw), keys)
+        return ShardedQueue(_client(kw), ShardedKeys(keys.prefix, shards))
     from worker.cluster.client import ClusterClient
-    from worker.cluster.shard_keys import ShardedKeys
 
-    return ClusterClient(_client(kw, cluster=True), ShardedKeys(keys.prefix, shards), replicas=replicas)
+    sharded = ShardedKeys(keys.prefix, shards or CLUSTER_SHARDS)
+    return ClusterClient(_client(kw, cluster=True), sharded, replicas=replicas)
 
 
 @click.group(context_settings={"auto_envvar_prefix": "CONVEYOR", "show_default": True})
@@ -137,6 +148,8 @@ def main() -> None:
 @opt("--group", default=None, help="consumer group (default: from the model name; one group per model)")
 @config_options(WorkerConfig, exclude=WORKER_FIELDS_NOT_OPTIONS)
 @config_options(Limits)
+@opt("--priority-lanes", default=None, help=PRIORITY_HELP)
+@opt("--tenant-weight", "tenant_weights", multiple=True, help=TENANT_HELP)
 @opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
 @opt(
     "--torch-threads",
@@ -152,14 +165,28 @@ def worker(**kw: Any) -> None:
     from engine import LLMEngine
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
-    from worker.cli.preflight import PreflightError, check_eviction_policy, check_permissions, wait_reachable
+    from worker.cli.preflight import (
+        PreflightError,
+        check_eviction_policy,
+        check_lane_layout,
+        check_permissions,
+        wait_reachable,
+    )
     from worker.cli.tiny_model import resolve_model
+    from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
     from worker.run.consumer_lease import ConsumerNameTaken
+    from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
     from worker.run.loop import Worker
 
     logs.configure(kw.pop("log_level"))
     engine_kw = pop_config_kwargs(EngineConfig, kw)
+    layout, weights = lane_layout(  # before Redis and the model: a refused combination costs neither
+        Keys(**pop_config_kwargs(Keys, dict(kw))),
+        kw.pop("priority_lanes"),
+        kw.pop("tenant_weights"),
+        sharded=kw["cluster"] or kw["shards"] is not None,
+    )
     url = kw["redis_url"]
     if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
         raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
@@ -168,7 +195,11 @@ def worker(**kw: Any) -> None:
         wait_reachable(client, url)
         if not kw["cluster"]:  # (a cluster's nodes are checked by each shard's first round)
             keys = Keys(**pop_config_kwargs(Keys, dict(kw)))
+            if kw["shards"] is not None:  # protocol version 2 on one Redis: the shards' keys
+                keys = ShardedKeys(keys.prefix, kw["shards"]).shard(0)
             check_permissions(client, WorkerConfig(group="", consumer="", keys=keys))
+            if kw["shards"] is None:
+                check_lane_layout(client, keys, layout)
         check_eviction_policy(client, kw["allow_eviction"])
     except PreflightError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -186,15 +217,27 @@ def worker(**kw: Any) -> None:
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
-    if cfg.cluster:  # one Worker per shard over this engine
+    w: Worker | LanesWorker
+    if cfg.cluster:  # a lane per shard over this engine, each on its shard's master
         from worker.cluster.sharded_worker import ShardedWorker
 
-        w: Worker | ShardedWorker = ShardedWorker(engine, client, cfg)
+        w = ShardedWorker(engine, client, cfg)
+    elif cfg.shard_count is not None:  # a lane per shard, all on this Redis
+        w = shards_on_one_redis(engine, client, cfg)
+    elif layout is not None:  # a lane per priority level or per tenant, all on this Redis
+        from worker.run.layout_worker import layout_worker
+
+        w = layout_worker(engine, client, cfg, layout, weights)
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
     heartbeat = registry_heartbeat(client, cfg, engine, model, w)
     w.observer.heartbeat = heartbeat
+    if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
+        from worker.fleet.home_watch import use_home_shards
+
+        assert isinstance(w, LanesWorker)  # cfg checked: affinity needs shards
+        use_home_shards(w, client, cfg, heartbeat)
     # Handlers only set a flag; the loop does the rest between steps.
     signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())
@@ -219,12 +262,8 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     from worker.fleet.heartbeat import Heartbeat
     from worker.keys import group_name
 
-    if cfg.cluster:
-        from worker.cluster.shard_keys import ShardedKeys
-
-        streams = [k.requests for k in ShardedKeys(cfg.keys.prefix, cfg.shards).all()]
-    else:
-        streams = [cfg.keys.requests]
+    # A lanes worker (shards, cluster) runs a Worker per lane: each reads its lane's stream.
+    streams = [lane.cfg.keys.requests for lane in getattr(w, "workers", [w])]
     heartbeat = Heartbeat(
         client,
         cfg.keys,
@@ -288,6 +327,8 @@ def serve(**kw: Any) -> None:
 @click.argument("prompt")
 @redis_options
 @opt("--id", "job_id", default=None, help="job id (default: random)")
+@opt("--priority", type=int, default=None, help="the job's priority (with priority lanes: its lane)")
+@opt("--tenant", default=None, help="who the job is for (with tenant lanes: its lane)")
 @opt("--max-tokens", type=int, default=64)
 @opt("--temperature", type=float, default=0.0)
 @opt("--seed", type=int, default=None)
@@ -295,7 +336,19 @@ def serve(**kw: Any) -> None:
 @opt("--timeout", type=float, default=300.0)
 @cluster_client_options
 def submit(
-    prompt: str, job_id, max_tokens, temperature, seed, chat, timeout, cluster, shards, replicas, **kw
+    prompt: str,
+    job_id,
+    priority,
+    tenant,
+    max_tokens,
+    temperature,
+    seed,
+    chat,
+    timeout,
+    cluster,
+    shards,
+    replicas,
+    **kw,
 ) -> None:
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
@@ -309,8 +362,9 @@ def submit(
     url = kw["redis_url"]
     job = {"id": job_id or uuid.uuid4().hex, "max_tokens": max_tokens, "temperature": temperature}
     job.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
-    if seed is not None:
-        job["seed"] = seed
+    for name, value in (("seed", seed), ("priority", priority), ("tenant", tenant)):
+        if value is not None:
+            job[name] = value
     with one_line_errors(url):
         queue = _queue(kw, keys, cluster, shards, replicas)
         shard = queue.submit(job)
@@ -452,6 +506,9 @@ def batch_cmd(
         err=True,
     )
 
+
+# Registered last: they use the options above.
+from worker.cli import fleet_commands  # noqa: E402,F401  (top, dashboard)
 
 if __name__ == "__main__":
     main()

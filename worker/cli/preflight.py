@@ -20,6 +20,8 @@ import structlog
 from worker.acl import OPTIONAL_COMMANDS, missing_commands
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff
+from worker.intake.lane_layout import LaneLayout, read_layout
+from worker.keys import Keys
 
 
 def _log():
@@ -109,3 +111,33 @@ def safe_url(url: str) -> str:
     if parsed.password:
         return url.replace(f":{parsed.password}@", ":***@")
     return url
+
+
+def check_lane_layout(client: redis.Redis, keys: Keys, layout: LaneLayout | None) -> None:
+    """Warn when the lane layout in Redis (intake/lane_layout.py) is not this worker's: clients then add
+    jobs to streams it does not read (a worker without lanes after lane workers), or other workers of
+    the stream read other lanes (they were started with other options)."""
+    try:
+        found = read_layout(client, keys)
+    except ValueError as exc:
+        _log().warning(
+            "the lane layout in Redis is not valid JSON of a layout", key=keys.lane_layout, error=str(exc)
+        )
+        return
+    if found is None or found == layout:
+        return
+    if layout is None:
+        _log().warning(
+            "clients add jobs to lane streams this worker does not read: start it with the same "
+            "--priority-lanes or --tenant-weight as the workers that wrote the layout, or DEL the key "
+            "once those lanes are empty (docs/operations.md, Priority lanes and tenant fair share)",
+            key=keys.lane_layout,
+            streams=found.streams,
+        )
+    else:
+        _log().warning(
+            "replacing another lane layout: give every worker of this stream the same lane options",
+            key=keys.lane_layout,
+            was=found.streams,
+            now=layout.streams,
+        )

@@ -1,31 +1,27 @@
 """The Python client in cluster mode: submit to a shard, optionally confirmed by replicas (WAIT), and read
 the job's events from the same shard's output stream (worker.client's reader on that shard's master).
 
-The client chooses the shard: by default crc32 of the job id modulo the shard count, so submitting the
-same id again lands on the same shard, where the worker's owner key keeps it from running twice.
+The client chooses the shard by worker/shard_choice.py's rule, the same as on one Redis.
 """
 
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterator
 
 import redis
 from redis.cluster import RedisCluster
 
 from worker import client as single
+from worker.affinity_key import with_affinity
 from worker.cluster.connect import shard_client
 from worker.cluster.shard_keys import ShardedKeys
 from worker.keys import JOB_FIELD, Keys
+from worker.shard_choice import choose_shard
 
 
 class NotReplicated(RuntimeError):
     """WAIT saw fewer replicas than asked: the job was queued but a failover now may lose it."""
-
-
-def shard_for(job_id: str, shards: int) -> int:
-    return zlib.crc32(job_id.encode()) % shards
 
 
 class ClusterClient:
@@ -56,7 +52,8 @@ class ClusterClient:
         for that many replicas to have it (raises NotReplicated when they did not within wait_ms). Returns
         the shard."""
         replicas = self.replicas if replicas is None else replicas
-        k = shard_for(str(job["id"]), self.sharded.shards) if shard is None else shard
+        job = with_affinity(job)  # the default key (worker/affinity_key.py) when it has none
+        k = choose_shard(job, self.sharded.shards) if shard is None else shard
         pipe = self.node(k).pipeline(transaction=False)  # one connection: WAIT covers this XADD
         pipe.xadd(self.sharded.shard(k).requests, {JOB_FIELD: json.dumps(job)})
         if replicas > 0:

@@ -13,13 +13,14 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from importlib import metadata
 
 import structlog
 
 from engine.outputs import EngineStats
-from worker.fleet.registry import FORGET_MS, WorkerRecord
+from worker.fleet.registry import FORGET_MS, TTFT_KEPT, WorkerRecord
 from worker.keys import Keys
 
 log = structlog.get_logger("conveyor.worker")
@@ -79,6 +80,14 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         # Cumulative engine counters at the last rate computation: (monotonic s, tokens out, tokens in).
         self._rate_base: tuple[float, int, int] | None = None
+        self._jobs_finished = 0  # since the last rate computation
+        self._ttfts: deque[int] = deque(maxlen=TTFT_KEPT)
+
+    def first_token(self, ttft_ms: float) -> None:
+        self._ttfts.append(round(ttft_ms))
+
+    def job_finished(self) -> None:
+        self._jobs_finished += 1
 
     # ---- the loop's side --------------------------------------------------------------------------------
     def update(self, stats: EngineStats, stepped: bool) -> None:
@@ -92,6 +101,10 @@ class Heartbeat:
             "waiting": stats.num_waiting,
             "kv_blocks_used": stats.num_kv_blocks_used,
             "kv_blocks_total": stats.num_kv_blocks_total,
+            "prompt_tokens": stats.num_prompt_tokens,
+            "prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits,
+            "ttft_ms_recent": list(self._ttfts),
         }
         if stepped:
             changes["last_step_ms"] = now_ms()
@@ -102,9 +115,16 @@ class Heartbeat:
             elapsed = now - base[0]
             changes["tokens_out_per_s"] = (out_total - base[1]) / elapsed
             changes["tokens_in_per_s"] = (in_total - base[2]) / elapsed
+            changes["jobs_per_s"] = self._jobs_finished / elapsed
+            self._jobs_finished = 0
             self._rate_base = (now, out_total, in_total)
         with self._lock:
             self.record = self.record.model_copy(update=changes)
+
+    def set_home_shards(self, shards: list[int]) -> None:
+        """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
+        with self._lock:
+            self.record = self.record.model_copy(update={"home_shards": shards})
 
     # ---- the thread -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,7 +149,7 @@ class Heartbeat:
             changes: dict = {"heartbeat_ms": at, "draining": self.draining()}
             last = self.record.last_step_ms
             if last is None or at - last > IDLE_MS:  # idle: not the rates of the last busy second
-                changes.update(tokens_out_per_s=0.0, tokens_in_per_s=0.0)
+                changes.update(tokens_out_per_s=0.0, tokens_in_per_s=0.0, jobs_per_s=0.0)
             self.record = record = self.record.model_copy(update=changes)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.keys.worker(record.consumer), record.model_dump_json(), px=self.ttl_ms)

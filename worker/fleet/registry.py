@@ -26,6 +26,7 @@ from worker.keys import Keys
 
 FORGET_MS = 3_600_000  # index members without a record for this long are pruned (no longer shown as lost)
 RECORD_VERSION = 1
+TTFT_KEPT = 64  # TTFTs a record carries
 
 
 class WorkerRecord(BaseModel):
@@ -55,6 +56,14 @@ class WorkerRecord(BaseModel):
     tokens_out_per_s: float = 0.0  # output tokens per second
     last_step_ms: int | None = None  # when its engine last stepped (worker's clock); None: never
     draining: bool = False  # stopping: finishing its jobs, taking no new ones
+    prompt_tokens: int = 0  # prompt tokens received since start (engine.stats().num_prompt_tokens)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # of those, found: computed = queries - hits
+    home_shards: list[int] | None = None  # the shards it reads first (prefix affinity); None: no home set
+    jobs_per_s: float = 0.0  # jobs finished per second
+    # Time to first token (enqueue to first token, ms) of its latest jobs, newest last, at most TTFT_KEPT:
+    # readers pool the fleet's lists for TTFT quantiles (worker/fleet/snapshot.py).
+    ttft_ms_recent: list[int] = []
 
 
 class Member(BaseModel):

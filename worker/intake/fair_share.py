@@ -18,7 +18,25 @@ smaller, so its entries are read first once it has any.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from worker.intake.read_policy import ReadPolicy
+
+if TYPE_CHECKING:
+    from engine.outputs import StepDelta
+
+
+def served_tokens(deltas: Iterable[StepDelta]) -> int:
+    """The service a step gave, what a lane is charged: its completion tokens, plus each job's prompt
+    tokens (the whole prompt, prefix-cache hits included) with its first token. A resumed job's prompt is
+    not charged again; a job with n samples pays its prompt once."""
+    total = 0
+    for d in deltas:
+        total += len(d.new_token_ids)
+        if d.first_index == 0 and d.sample_index == 0 and d.new_token_ids:
+            total += d.num_prompt_tokens
+    return total
 
 
 class FairShare(ReadPolicy):
@@ -30,6 +48,7 @@ class FairShare(ReadPolicy):
         self.job_cost = job_cost
         self.counter = [0.0] * len(weights)  # tokens given / weight
         self.hungry = [True] * len(weights)  # unknown: read as if backlogged until a read says otherwise
+        self._lone_probe = False  # the last split gave its whole room (1) to probing an idle lane
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
@@ -39,8 +58,11 @@ class FairShare(ReadPolicy):
             shares[idle[0]] = room
             return shares
         left = room
-        if idle and (left > 1 or self.waited[idle[0]] >= 1):
+        # A probe that takes the whole room delays the backlogged lanes by a round: at most every other one.
+        lone_probe = left == 1 and not self._lone_probe
+        if idle and (left > 1 or lone_probe):
             shares[idle[0]], left = 1, left - 1
+        self._lone_probe = bool(idle) and lone_probe
         provisional = {k: self.counter[k] for k in backlogged}
         for _ in range(left):
             k = min(backlogged, key=lambda k: provisional[k])  # stable: ties to the longest waiting

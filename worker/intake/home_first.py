@@ -5,11 +5,21 @@ of them is hungry (its last read was full), split evenly between the hungry ones
 longest waiting. Only when no home lane is hungry does the worker steal: each home lane is probed with
 one entry (new work there is seen within a round), and the rest goes to the hungry lanes of other shards,
 the longest waiting first. With no lane hungry at all (short queues), the longest waiting home lane
-reads all the room.
+reads all the room (a worker with no home lane, when there are more workers than shards: the longest
+waiting lane).
 
-No lane starves: any lane given nothing for `patience` rounds with room is read one entry first
-(intake/read_policy.py), so a shard whose home worker died is still served by the others before its owner
-changes hands.
+Stealing is for jobs that would otherwise wait: only from lanes in `stealable` (HomeWatch sets it to the
+shards of peers with no room, per their registry records, and of peers gone; None: every lane not home),
+and never while a home lane is hungry, not even the one-entry probes that keep other lanes from waiting
+`patience` rounds (intake/read_policy.py). A lane that is neither home nor stealable is its live owner's
+to read: it has room. An idle worker blocks on every lane in turn, taking all it has room for from a
+home lane, one job from a stealable lane and none from the others (`idle_cap`). Home lanes start
+hungry, and so does a lane that becomes home, so a worker reads its own backlog first. The home set
+changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as workers join and
+leave). What each read took is counted as taken from home or stolen (`from_home`, `stolen`).
+
+A shard whose home worker died becomes stealable, then another worker's home, within one registry TTL
+plus one interval (worker/fleet/home_watch.py): within one lease with the defaults.
 
     room 6, home {0, 1}, hungry {1, 2}        ->  [0, 6, 0]
     room 6, home {0, 1}, hungry {2}           ->  [1, 1, 4]
@@ -23,9 +33,52 @@ from worker.intake.read_policy import ReadPolicy
 class HomeFirst(ReadPolicy):
     def __init__(self, lanes: int, home: set[int], patience: int = 16) -> None:
         super().__init__(lanes, patience)
-        if not home or not home <= set(range(lanes)):
-            raise ValueError(f"home lanes {sorted(home)} are not a non-empty subset of 0..{lanes - 1}")
-        self.home = set(home)
+        self.home: set[int] = set()
+        self.move_home(home)
+        self.stealable: set[int] | None = None  # None: every lane not home
+        self.from_home = 0  # jobs read from home lanes
+        self.stolen = 0  # jobs read from other lanes
+
+    def move_home(self, home: set[int]) -> bool:
+        """Read `home` first from the next round on; returns whether the set changed."""
+        if not home <= set(range(self.lanes)):
+            raise ValueError(f"home lanes {sorted(home)} are not a subset of 0..{self.lanes - 1}")
+        for k in set(home) - self.home:
+            self.hungry[k] = True  # read at once: a new home lane may hold a backlog (not stolen first)
+        changed, self.home = set(home) != self.home, set(home)
+        return changed
+
+    def read_back(self, lane: int, asked: int, got: int) -> None:
+        super().read_back(lane, asked, got)
+        self._count(lane, got)
+
+    def may_steal(self, lane: int) -> bool:
+        return lane not in self.home and (self.stealable is None or lane in self.stealable)
+
+    def shares(self, room: int, first: int = 0) -> list[int]:
+        shares = super().shares(room, first)
+        home_hungry = any(self.hungry[k] for k in self.home)
+        for k in range(self.lanes):
+            if k not in self.home and (home_hungry or not self.may_steal(k)):
+                shares[k] = 0
+        return shares
+
+    def idle_cap(self, lane: int) -> int | None:
+        """Idle, a worker takes all it has room for from a home lane and one job from a stealable one:
+        it is busy then, reads its home lanes first, and steals more only when they are short. A burst
+        arriving at idle workers is not scattered over whichever lane each was blocked on."""
+        if lane in self.home or not self.home:
+            return None
+        return 1 if self.may_steal(lane) else 0
+
+    def idle_read(self, lane: int, got: int) -> None:
+        self._count(lane, got)
+
+    def _count(self, lane: int, got: int) -> None:
+        if lane in self.home:
+            self.from_home += got
+        else:
+            self.stolen += got
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
@@ -38,7 +91,7 @@ class HomeFirst(ReadPolicy):
             return shares
         others = self.by_wait([k for k in range(self.lanes) if k not in self.home and self.hungry[k]])
         if not others:
-            shares[home[0]] = room
+            shares[(home or self.by_wait(list(range(self.lanes))))[0]] = room
             return shares
         left = room
         for k in home:

@@ -6,13 +6,17 @@ A lane is where jobs wait: a stream, the group its workers read it through, and 
 
     single_stream     [conveyor:requests]                            protocol version 1, OneLane
     cluster_shards    [conveyor:{s0}:requests, conveyor:{s1}:...]     protocol version 2, ReadShares
-    split_stream      [conveyor:requests:p0, conveyor:requests:p1]   one prefix for the jobs' keys:
-                      a lane per priority level (PriorityLanes) or per tenant (FairShare)
+    split_stream      [conveyor:requests:p0, conveyor:requests:p1]   one prefix for the jobs' keys
+    LaneLayout.lanes  [conveyor:requests, conveyor:requests:p10]     priority lanes (PriorityLanes) or
+                      [conveyor:requests, conveyor:requests:t:a]     tenant lanes (FairShare); the
+                                                                     requests stream is the default's
+                                                                     lane (intake/lane_layout.py)
 
 A stream per served model is `single_stream` under that model's stream name; home shards with stealing
-are `cluster_shards` (or `split_stream`) read with HomeFirst. Each lane is read by its own `Worker`
-(run/loop.py) with the lane's keys; the workers of several lanes share one engine and one write per Redis
-node each cycle (worker/cluster/sharded_worker.py, shared_engine.py, node_rounds.py).
+are `cluster_shards` (or `split_stream`) read with HomeFirst. `cluster_shards` is also the layout of
+`--shards` on one Redis. Each lane is read by its own `Worker` (run/loop.py) with the lane's keys; the
+workers of several lanes share one engine and one write per Redis server each cycle (run/lanes_worker.py,
+run/shared_engine.py, run/node_rounds.py).
 """
 
 from __future__ import annotations
@@ -47,4 +51,4 @@ def split_stream(keys: Keys, group: str, names: list[str]) -> list[Lane]:
     job id means one job whichever lane it was queued in."""
     if len(set(names)) != len(names) or not all(names):
         raise ValueError(f"lane names must be distinct and non-empty: {names}")
-    return [Lane(replace(keys, requests_stream=f"{keys.requests}:{name}"), group) for name in names]
+    return [Lane(replace(keys, requests_stream=keys.lane(name)), group) for name in names]

@@ -9,7 +9,7 @@ After the replies, `read_back(lane, asked, got)` tells the policy what each read
 
 Layouts and policies for what the worker must carry (docs/protocol.md, "Lanes"):
 - one stream (protocol version 1): one lane, `OneLane`;
-- Redis Cluster shards (version 2): a lane per shard, `worker.cluster.read_shares.ReadShares`;
+- Redis Cluster shards (version 2): a lane per shard, `worker.intake.read_shares.ReadShares`;
 - a stream per served model: a worker has one lane, its model's stream, `OneLane`;
 - home shards with stealing: a lane per shard, `home_first.HomeFirst`;
 - priority lanes: a lane per priority level, `priority_lanes.PriorityLanes`;
@@ -87,6 +87,15 @@ class ReadPolicy(ABC):
     def read_back(self, lane: int, asked: int, got: int) -> None:
         """Lane's read asked for `asked` entries and got `got`."""
         self.hungry[lane] = got >= asked
+
+    def idle_cap(self, lane: int) -> int | None:
+        """The most entries an idle worker's blocking read of `lane` may take (None: all the room). An idle
+        worker blocks on every lane in turn, outside the shares, so that no job waits while it is idle."""
+        return None
+
+    def idle_read(self, lane: int, got: int) -> None:  # noqa: B027 (a no-op unless a policy counts reads)
+        """An idle worker's blocking read of `lane` (outside the shares) took `got` entries. Ignored unless
+        the policy counts where jobs came from (intake/home_first.py)."""
 
     def charge(self, lane: int, cost: int) -> None:  # noqa: B027 (a no-op unless a policy counts service)
         """Jobs read from `lane` were given `cost` more tokens. Ignored unless the policy shares service

@@ -10,7 +10,8 @@ or the worker; `Publisher` puts a plan's batch into a round and handles the repl
 
 All of a step's events go out as one script call (`WRITE`), which per job XADDs the events and only while
 they succeed PUBLISHes them, refreshes the TTL and, after a terminal event, acknowledges the request
-entry and deletes the job's owner, attempts (both fields, see keys.alone_field) and cancel keys. A worker whose lease lapsed and whose
+entry, deletes the job's owner, attempts (both fields, see keys.alone_field) and cancel keys, and adds the
+job to its tenant's usage counters (worker/fleet/accounting.py). A worker whose lease lapsed and whose
 successor wrote first therefore changes nothing: the entry stays pending for the successor (or for
 whoever reclaims it if the successor dies too), and live subscribers see no second history. In a plain
 MULTI the XACK would run even though the XADD before it failed (MULTI does not roll back).
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import redis
 
 from worker.config import WorkerConfig
+from worker.fleet.accounting import field_suffix
 from worker.keys import EVENT_FIELD
 from worker.publish.event_payloads import done_event, error_event, token_event
 from worker.run.job_record import InFlight, SampleEnd
@@ -35,19 +37,21 @@ from worker.run.round import Round
 _ID_TOO_SMALL = "equal or smaller"
 _OOM = "OOM"  # Redis is full (noeviction): the script wrote nothing for the job; write it again later
 
-# KEYS: requests stream, attempts hash, then per job: output stream, owner key, cancel key.
+# KEYS: requests stream, attempts hash, usage hash, then per job: output stream, owner key, cancel key.
 # ARGV: group, maxlen, ttl, the event field's name, then per job: first seq, event count, expire (0|1), request entry id
-#       ("" unless the last event is terminal), job id, the events' payloads.
+#       ("" unless the last event is terminal), job id, usage field suffix ("" unless terminal), prompt tokens,
+#       completion tokens, engine microseconds, the events' payloads.
 # Returns per job 0 (written) or the first refused XADD's error (nothing after it was done for that job).
 WRITE = """
-local requests, attempts = KEYS[1], KEYS[2]
+local requests, attempts, usage = KEYS[1], KEYS[2], KEYS[3]
 local group, maxlen, ttl, field = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local results, a = {}, 5
-for j = 0, (#KEYS - 2) / 3 - 1 do
-  local out, owner, cancel = KEYS[3 + 3 * j], KEYS[4 + 3 * j], KEYS[5 + 3 * j]
+for j = 0, (#KEYS - 3) / 3 - 1 do
+  local out, owner, cancel = KEYS[4 + 3 * j], KEYS[5 + 3 * j], KEYS[6 + 3 * j]
   local seq, count = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   local expire, entry, job = ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  a = a + 5
+  local tenant_model, prompt, completion, engine_us = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
+  a = a + 9
   local result = 0
   for e = 0, count - 1 do
     local payload = ARGV[a + e]
@@ -66,6 +70,12 @@ for j = 0, (#KEYS - 2) / 3 - 1 do
       redis.call('DEL', owner, cancel)
       redis.pcall('HDEL', attempts, job, job .. '/alone')
     end
+    if tenant_model ~= '' then
+      redis.call('HINCRBY', usage, 'jobs:' .. tenant_model, 1)
+      redis.call('HINCRBY', usage, 'prompt_tokens:' .. tenant_model, prompt)
+      redis.call('HINCRBY', usage, 'completion_tokens:' .. tenant_model, completion)
+      redis.call('HINCRBY', usage, 'engine_us:' .. tenant_model, engine_us)
+    end
   end
   results[j + 1] = result
 end
@@ -82,6 +92,7 @@ class JobWrite:
     payloads: tuple[bytes, ...]
     expire: bool  # refresh the output stream's TTL
     entry: bytes  # the request entry to acknowledge after a terminal event, else b""
+    usage: tuple = ("", 0, 0, 0)  # after a terminal event: <tenant>:<model>, prompt, completion, engine us
 
 
 class Batch:
@@ -100,16 +111,22 @@ class Batch:
         if expire:
             job.ttl_set_at = now
         entry = job.entry_id if terminal else b""
-        self.writes.append(JobWrite(job, job.next_seq, tuple(payloads), expire, entry))
+        usage: tuple = ("", 0, 0, 0)
+        if terminal:  # counted with the terminal event it rides with (worker/fleet/accounting.py)
+            completion = sum(s.num_output_tokens for s in job.finished.values())
+            suffix = field_suffix(job.job.tenant, self.cfg.group)
+            usage = (suffix, job.prompt_tokens, completion, round(job.engine_s * 1e6))
+        self.writes.append(JobWrite(job, job.next_seq, tuple(payloads), expire, entry, usage))
         job.next_seq += len(payloads)
 
     def keys_and_args(self) -> tuple[list, list]:
         keys = self.cfg.keys
-        names: list = [keys.requests, keys.attempts]
+        names: list = [keys.requests, keys.attempts, keys.usage]
         args: list = [self.cfg.group, self.cfg.stream_maxlen, self.cfg.stream_ttl_s, EVENT_FIELD]
         for w in self.writes:
             names += (keys.out(w.job.job_id), keys.owner(w.job.job_id), keys.cancel(w.job.job_id))
-            args += (w.first_seq, len(w.payloads), 1 if w.expire else 0, w.entry, w.job.job_id, *w.payloads)
+            args += (w.first_seq, len(w.payloads), 1 if w.expire else 0, w.entry, w.job.job_id)
+            args += (*w.usage, *w.payloads)
         return names, args
 
     def __len__(self) -> int:

@@ -50,11 +50,7 @@ class ConsumerLease:
         give_up = time.monotonic() + self.ttl_ms / 1000 + 0.5
         warned = False
         while True:
-            took = with_retry(
-                lambda: self.client.set(self.key, self.token, nx=True, px=self.ttl_ms),
-                "taking the consumer name",
-                stop,
-            )
+            took = with_retry(self._take, "taking the consumer name", stop)
             if took:
                 return
             if time.monotonic() > give_up or stop.expired():
@@ -72,6 +68,13 @@ class ConsumerLease:
                 )
                 warned = True
             stop.sleep(0.05)
+
+    def _take(self) -> bool:
+        """The name is free (now ours), or already held with our token: by a sibling lane of this process
+        that shares this lease key (run/lanes_worker.py, lanes with shared job keys)."""
+        if self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            return True
+        return self.client.get(self.key) in (self.token, self.token.encode())
 
     def add_renewal(self, rnd: Round) -> None:
         self.owed = False

@@ -57,6 +57,7 @@ class InFlight:
     error_code: str | None = None  # its code: invalid_params (grammar) or internal_error (a bug)
     stage: Stage = Stage.READ
     dropped: bool = False  # another worker wrote to our stream, or we are draining: publish nothing more
+    engine_s: float = 0.0  # its share of the engine steps' wall time so far (worker/fleet/accounting.py)
 
     @property
     def job_id(self) -> str:

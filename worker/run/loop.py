@@ -37,6 +37,7 @@ from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.config import WorkerConfig
 from worker.connection import DOWN_ERRORS, Backoff, with_retry
+from worker.fleet.accounting import split_step
 from worker.intake.read_policy import OneLane, ReadPolicy
 from worker.intake.stream_reader import Reader
 from worker.intake.stream_trim import Trimmer
@@ -87,7 +88,9 @@ class Worker:
     ) -> None:
         self.engine, self.client, self.cfg = engine, no_resends(client), cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
-        # Shared by the shards' workers in cluster mode (worker/cluster/sharded_worker.py).
+        # Time its engine steps for accounting; off under a lanes worker, which times the shared step.
+        self.accounts_steps = True
+        # Shared by the lanes' workers of a lanes worker (run/lanes_worker.py).
         self.stop = stop or StopFlag(cfg.drain_timeout_s)
         # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
         self._cut_off = lambda: cut_off(client)
@@ -100,7 +103,7 @@ class Worker:
         self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
         self.reader = Reader(client, cfg, self.stop, IdleStop(self.stop), self.health)
         # This worker's lane is cfg.keys.requests read through cfg.group (lanes.single_stream). A worker
-        # over several lanes runs one Worker per lane and passes each its share (sharded_worker.py).
+        # over several lanes runs one Worker per lane and passes each its share (run/lanes_worker.py).
         self.policy: ReadPolicy = OneLane()
         self.reclaimer = Reclaimer(cfg)
         self.trimmer = Trimmer(cfg.keys.requests)
@@ -171,17 +174,20 @@ class Worker:
             wait([future])  # it counts an attempt: in Redis before the step that runs the job
         self.finish(step, future, self.step_engine(step))
 
-    # A tick in three parts, so that a sharded worker can send every shard's round of a cycle to each
-    # Redis node in one write (worker/cluster/sharded_worker.py): begin, send, step_engine, finish.
-    def begin(self, max_reads: int | None = None, wait: bool = True) -> Step | None:
+    # A tick in three parts, so that a lanes worker can send every lane's round of a cycle to each Redis
+    # node in one write (run/lanes_worker.py): begin, send, step_engine, finish.
+    def begin(
+        self, max_reads: int | None = None, wait: bool = True, max_waited: int | None = None
+    ) -> Step | None:
         """Apply signals, then either wait idle for jobs (returns None) or build this step's round. At
-        most `max_reads` new jobs are read in it (default: as many as there is room for). With
-        `wait=False` it never waits: an idle worker builds a round too (reads only, or nothing), for a
-        sharded worker whose other shards have work (worker/cluster/sharded_worker.py)."""
+        most `max_reads` new jobs are read in it (default: as many as there is room for), and at most
+        `max_waited` by an idle wait (default: the room). With `wait=False` it never waits: an idle
+        worker builds a round too (reads only, or nothing), for a lanes worker whose other lanes have
+        work (run/lanes_worker.py)."""
         self.aborter.apply_signals()
         busy = self.engine.has_unfinished_requests()
         if wait and not busy and not self.has_work():
-            self._wait_for_jobs()
+            self._wait_for_jobs(max_waited)
             return None
         if self.health.is_full:
             # Hold: no step (its events would pile up in memory), no new reads; after a back-off, send
@@ -191,10 +197,22 @@ class Worker:
         return Step(self._build_round(max_reads), busy, self._reading)
 
     def step_engine(self, step: Step) -> Stepped:
+        began = time.perf_counter()
         deltas = self.engine.step() if step.busy else []
+        at = time.perf_counter()
+        if step.busy and self.accounts_steps:
+            self.observer.engine_stepped(at - began)
+            self.credit(at - began, self.engine.step_tokens())
         if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
             fault_injection.kill_if_armed(deltas)
-        return Stepped(deltas, time.perf_counter(), time.time())
+        return Stepped(deltas, at, time.time())
+
+    def credit(self, wall_s: float, tokens: dict[str, int]) -> None:
+        """Each of our jobs' share of a step's wall time, by the tokens it computed among all the step's
+        (worker/fleet/accounting.py)."""
+        for job_id, seconds in split_step(wall_s, tokens).items():
+            if (job := self.inflight.get(job_id)) is not None:
+                job.engine_s += seconds
 
     def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
         """The round's replies (from `future`: None when nothing was sent) to the jobs and parts that sent
@@ -335,8 +353,8 @@ class Worker:
             log.info("claimed jobs of a lapsed lease", count=len(arrived))
         self.arrived.extend(arrived)
 
-    def _wait_for_jobs(self) -> None:
-        room = self.room()
+    def _wait_for_jobs(self, most: int | None = None) -> None:
+        room = self.room() if most is None else min(most, self.room())
         if room <= 0 or self.stop.warm.is_set():
             self.stop.cold.wait(0.01)
             return
@@ -382,6 +400,7 @@ class Worker:
             del self.inflight[job.job_id]
             self.path.finish(job)
             self.observer.finished(job, now_ms)
+            self.observer.accounted(job, self.cfg.group)
         self.publisher.queue(plan.batch)
 
     # ---- shutdown -------------------------------------------------------------------------------------

@@ -52,11 +52,62 @@ class Metrics:
             names,
             registry=self.registry,
         ).labels(*values)
+        # Prefix affinity (issue 22): what the prefix cache and routing saved, and where jobs were read.
+        self.prompt_tokens = Counter(
+            "conveyor_prompt_tokens", "Prompt tokens received by the engine", names, registry=self.registry
+        ).labels(*values)
+        self.prompt_tokens_computed = Counter(
+            "conveyor_prompt_tokens_computed",
+            "Prompt tokens prefilled, prefix-cache hits excluded (re-admissions after preemption again)",
+            names,
+            registry=self.registry,
+        ).labels(*values)
+        self.prefix_cache_hit_rate = gauge(
+            "conveyor_prefix_cache_hit_rate", "Share of prompt tokens looked up that the prefix cache held"
+        )
+        self.home_shards = gauge("conveyor_home_shards", "Shards this worker reads first (its home)")
+        self.ownership_changes = Counter(
+            "conveyor_shard_ownership_changes",
+            "Times this worker's home shards changed (workers joined or left)",
+            names,
+            registry=self.registry,
+        ).labels(*values)
+        self._jobs_read = Counter(
+            "conveyor_jobs_read", "Jobs read by lane kind", [*names, "source"], registry=self.registry
+        )
         self._jobs = Counter("conveyor_jobs", "Jobs by outcome", [*names, "outcome"], registry=self.registry)
         self._label_values = values
+        # Per-tenant accounting (worker/fleet/accounting.py): this worker's share; Redis holds the fleet's.
+        by_tenant = [*names, "tenant", "model"]
+        self._tenant = {
+            counter: Counter(f"conveyor_tenant_{counter}", doc, by_tenant, registry=self.registry)
+            for counter, doc in (
+                ("jobs", "Jobs finished, per tenant and model"),
+                ("prompt_tokens", "Prompt tokens of finished jobs, per tenant and model"),
+                ("completion_tokens", "Completion tokens of finished jobs, per tenant and model"),
+                ("engine_seconds", "Engine step time spent on finished jobs, per tenant and model"),
+            )
+        }
+        self.step_seconds = Counter(
+            "conveyor_engine_step_seconds", "Wall time of engine steps", names, registry=self.registry
+        ).labels(*values)
 
     def job(self, outcome: str) -> None:
         self._jobs.labels(*self._label_values, outcome).inc()
+
+    def jobs_read(self, source: str, count: int) -> None:
+        """`source`: "home" (a home shard of this worker) or "stolen" (another worker's home shard)."""
+        if count:
+            self._jobs_read.labels(*self._label_values, source).inc(count)
+
+    def usage(self, tenant: str, model: str, prompt: int, completion: int, engine_s: float) -> None:
+        for counter, amount in (
+            ("jobs", 1),
+            ("prompt_tokens", prompt),
+            ("completion_tokens", completion),
+            ("engine_seconds", engine_s),
+        ):
+            self._tenant[counter].labels(*self._label_values, tenant, model).inc(amount)
 
     def serve(self, port: int) -> None:
         if port > 0:

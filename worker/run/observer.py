@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import structlog
 
+from worker.fleet.accounting import DEFAULT_TENANT
 from worker.fleet.heartbeat import Heartbeat
 from worker.run.job_record import InFlight
 from worker.run.metrics import Metrics
@@ -34,6 +35,7 @@ class Observer:
         self.heartbeat = heartbeat  # the registry record (worker/fleet/heartbeat.py), when registered
         self._last_rate = time.monotonic()
         self._tokens_since_rate = 0
+        self._prompt_counts = (0, 0)  # the engine's (received, computed) prompt tokens last reported
 
     def started(self) -> None:
         """The worker holds its consumer name and reads its streams: it may register (once per process,
@@ -48,7 +50,10 @@ class Observer:
         self.metrics.job(outcome)
 
     def first_token(self, job: InFlight, now_ms: float) -> None:
-        self.metrics.ttft.observe(max(0.0, now_ms - job.enqueued_ms) / 1000)
+        ttft_ms = max(0.0, now_ms - job.enqueued_ms)
+        self.metrics.ttft.observe(ttft_ms / 1000)
+        if self.heartbeat is not None:
+            self.heartbeat.first_token(ttft_ms)
 
     def token_event(self, trace: TokenTrace) -> None:
         """Each token event as it is queued for writing (benchmarks; a no-op here)."""
@@ -60,6 +65,17 @@ class Observer:
         if job.first_token_ms is not None and tokens > 1:
             self.metrics.tpot.observe((now_ms - job.first_token_ms) / 1000 / (tokens - 1))
         log.info("job finished", request_id=job.job_id, finish_reason=reason, completion_tokens=tokens)
+        if self.heartbeat is not None:
+            self.heartbeat.job_finished()
+
+    def accounted(self, job: InFlight, model: str) -> None:
+        """A finished job's usage, as its terminal write adds it to Redis (worker/fleet/accounting.py)."""
+        tokens = sum(s.num_output_tokens for s in job.finished.values())
+        tenant = job.job.tenant or DEFAULT_TENANT
+        self.metrics.usage(tenant, model, job.prompt_tokens, tokens, job.engine_s)
+
+    def engine_stepped(self, seconds: float) -> None:
+        self.metrics.step_seconds.inc(seconds)
 
     def published(self, latency_s: float) -> None:
         """Token sampled -> its round's EXEC reply read."""
@@ -85,6 +101,11 @@ class Observer:
         m.tokens.inc(self._tokens_since_rate)
         m.tokens_per_s.set(self._tokens_since_rate / (now - self._last_rate))
         self._tokens_since_rate, self._last_rate = 0, now
+        received, computed = stats.num_prompt_tokens, stats.num_prompt_tokens_computed
+        m.prompt_tokens.inc(max(0, received - self._prompt_counts[0]))
+        m.prompt_tokens_computed.inc(max(0, computed - self._prompt_counts[1]))
+        self._prompt_counts = (received, computed)
+        m.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
 
     def group_info(self, lag: int, pending: int) -> None:
         self.metrics.queue_depth.set(lag)

@@ -78,7 +78,10 @@ def load_transformers_model(
         check_splits(config, tp.size)  # before any weight is read
         hf = load_shard(model_dir, cls, config, torch_dtype, device, tp)
     else:
+        from engine.models.generic.tp_shard import whole_head
+
         hf = _from_pretrained(model_dir, cls, torch_dtype).to(device).eval()
+        whole_head(hf)  # the same head type on every path: one F.linear, or sliced on the CPU
     calls = probe(hf)
     if tp.size > 1:
         _check_rank_heads(hf.config, calls[0], tp)

@@ -1,8 +1,10 @@
 """A transformers causal LM behind the native models' call shape: forward(input_ids, positions, kv_caches, meta)
 -> hidden [T, hidden], and compute_logits(hidden rows) -> [R, vocab] float32.
 
-Under tensor parallelism (`tp.size > 1`) both are collectives every rank calls: each rank's head gives its
-columns of the padded vocabulary, gathered onto rank 0 and trimmed to the real vocabulary; other ranks get None.
+The output head is the native models' ParallelLMHead (engine/distributed/vocab_parallel.py; the loader puts it in
+place of the model's own nn.Linear). Under tensor parallelism (`tp.size > 1`) both calls are collectives every
+rank calls: each rank's head gives its columns of the padded vocabulary, scaled by the model's logit multipliers,
+gathered onto rank 0 and trimmed to the real vocabulary; other ranks get None.
 
 The whole step runs as one sequence [1, T] with explicit positions and use_cache=False: the model's own modules do
 everything but attention, which its layers hand to `conveyor_attention` inside the step's attention scope.
@@ -18,6 +20,7 @@ from torch import nn
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.distributed.group import TPGroup
+from engine.distributed.vocab_parallel import ParallelLMHead
 from engine.models.generic.attention import LayerAttention, PagedStep, attention_scope
 
 
@@ -48,12 +51,16 @@ class TransformersCausalLM(nn.Module):
             out = self.decoder(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         return out[0][0]
 
+    @property
+    def lm_head(self) -> nn.Module:
+        head: nn.Module = self.hf.get_output_embeddings()
+        return head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [R, hidden] -> [R, vocab] fp32
-        logits = head_logits(self.hf, hidden).float()  # [R, padded vocab / tp.size] under TP
-        if self.tp.size == 1:
-            return logits
-        full = self.tp.gather_columns(logits)  # [R, padded vocab] on rank 0, None elsewhere
-        return None if full is None else full[:, : self.vocab_size]
+        logits = head_logits(self.hf, hidden)  # [R, padded vocab / tp.size] under TP
+        head = self.lm_head
+        full = head.gather(logits) if isinstance(head, ParallelLMHead) else logits  # rank 0: [R, vocab]
+        return None if full is None else full.float()
 
 
 def head_logits(hf_model: Any, hidden: torch.Tensor) -> torch.Tensor:

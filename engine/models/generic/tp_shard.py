@@ -5,37 +5,29 @@ architectures), relative to the base model, e.g. {"layers.*.self_attn.q_proj": "
 
     colwise                        nn.Linear -> ColumnParallelLinear (q/k/v by heads, gate/up by columns)
     rowwise                        nn.Linear -> RowParallelLinear (o_proj, down_proj: one all-reduce each)
+                                   (the native model's layers: engine/distributed/parallel_linear.py)
     replicated_with_grad_allreduce kept whole on every rank (per-head q/k norms)
     anything else                  refused (gathered outputs, packed or expert layers need code we lack)
 
-The input embedding and the output head become vocabulary-parallel whatever the plan says. Everything not named
-(norms, rotary, other modules) stays whole on every rank. Works on a model built on the meta device.
+The input embedding and the output head become vocabulary-parallel whatever the plan says
+(engine/distributed/vocab_parallel.py). Everything not named (norms, rotary, other modules) stays whole on every
+rank. Works on a model built on the meta device: the new modules' parameters are made there too, each with the
+weight loader that reads its slice (engine/distributed/weight_loader.py).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from engine.distributed.group import TPGroup
-from engine.distributed.partition import (
-    Span,
-    check_model_splits,
-    even_span,
-    kv_head_span,
-    kv_heads_per_rank,
-    vocab_span,
-)
+from engine.distributed.parallel_linear import RowParallelLinear, column_linear, kv_rows
+from engine.distributed.partition import Span, check_model_splits, kv_heads_per_rank
+from engine.distributed.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from engine.models.generic.checks import refuse
-from engine.models.generic.tensor_parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    VocabParallelHead,
-)
 
 SPLIT_STYLES = ("colwise", "rowwise")
 WHOLE_STYLES = ("replicated_with_grad_allreduce",)
@@ -105,43 +97,61 @@ def _matching(modules: dict[str, nn.Module], pattern: str) -> set[str]:
 
 
 def _split(config: Any, name: str, linear: nn.Linear, style: str, group: TPGroup) -> nn.Module:
+    dtype, bias = linear.weight.dtype, linear.bias is not None
     try:
-        if style == "rowwise":
-            return RowParallelLinear(
-                linear, even_span(linear.in_features, group.rank, group.size, name), group
-            )
-        return ColumnParallelLinear(linear, _column_span(config, name, linear, group))
+        with torch.device("meta"):
+            if style == "rowwise":
+                return RowParallelLinear(
+                    linear.in_features, linear.out_features, bias, group, dtype, what=name
+                )
+            rows = _kv_rows(config, name, linear, group)
+            return column_linear(linear.in_features, linear.out_features, bias, group, dtype, rows)
     except ValueError as e:
         raise refuse(config, str(e)) from e
 
 
-def _column_span(config: Any, name: str, linear: nn.Linear, group: TPGroup) -> Span:
+def _kv_rows(config: Any, name: str, linear: nn.Linear, group: TPGroup) -> Span | None:
+    """A k or v projection's rows: this rank's KV heads (replicated when fewer than the ranks); None (an even
+    split of the output features) for any other column-parallel layer."""
     if name.rsplit(".", 1)[-1] not in KV_PROJECTIONS:
-        return even_span(linear.out_features, group.rank, group.size, name)
+        return None
     text = config.get_text_config()
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = linear.out_features // kv_heads
-    heads = kv_head_span(kv_heads, group.rank, group.size)
-    return Span(heads.start * head_dim, heads.length * head_dim)
+    return kv_rows(kv_heads, linear.out_features // kv_heads, group)
 
 
 def _shard_vocabulary(hf: Any, group: TPGroup) -> None:
     embedding, head = hf.get_input_embeddings(), hf.get_output_embeddings()
-    scaled = isinstance(getattr(embedding, "embed_scale", None), torch.Tensor)
+    scale = getattr(embedding, "embed_scale", None)  # a 0-d tensor, already filled: kept as it is
+    scaled = isinstance(scale, torch.Tensor)
     if not isinstance(embedding, nn.Embedding) or (type(embedding) is not nn.Embedding and not scaled):
         raise refuse(hf.config, f"its input embedding {type(embedding).__name__} is not a plain nn.Embedding")
     if type(head) is not nn.Linear:
         raise refuse(hf.config, f"its output head {type(head).__name__} is not an nn.Linear")
     tied = head.weight is embedding.weight
-    rows = VocabParallelEmbedding(
-        embedding, vocab_span(embedding.num_embeddings, group.rank, group.size), group
-    )
-    logits = VocabParallelHead(
-        head, vocab_span(head.out_features, group.rank, group.size), rows.weight if tied else None
-    )
+    vocab, dtype = embedding.num_embeddings, embedding.weight.dtype
+    with torch.device("meta"):
+        rows = VocabParallelEmbedding(vocab, embedding.embedding_dim, group, dtype, scale if scaled else None)
+        logits = ParallelLMHead(head.out_features, head.in_features, group, head.bias is not None, dtype)
+    if tied:  # same row split, so the head's shard is the embedding's
+        logits.weight = rows.weight
     names = {m: n for n, m in hf.named_modules()}
     _replace(hf, names[embedding], rows)
     _replace(hf, names[head], logits)
+
+
+def whole_head(hf: Any) -> None:
+    """One process: the model's own nn.Linear output head becomes a one-rank ParallelLMHead sharing its
+    parameters (the same product, and the sliced CPU form). Any other head is left as it is."""
+    head = hf.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        return
+    with torch.device("meta"):
+        new = ParallelLMHead(head.out_features, head.in_features, TPGroup.single(), head.bias is not None)
+    # The same Parameters (nn.Linear declares them as Tensors): a tie to the embedding stays.
+    new.weight, new.bias = cast(nn.Parameter, head.weight), cast("nn.Parameter | None", head.bias)
+    names = {m: n for n, m in hf.named_modules()}
+    _replace(hf, names[head], new)
 
 
 def _set_head_counts(hf: Any, text: Any, group: TPGroup) -> None:

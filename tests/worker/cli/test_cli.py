@@ -67,6 +67,29 @@ def test_submit_streams_tokens(redis_server, r):
     assert result.stdout.startswith(engine.expected_text("hello", 6, seed=2))
 
 
+@pytest.mark.redis
+@pytest.mark.timeout(60)
+def test_submit_to_the_shards_of_one_redis(redis_server, r):
+    """`conveyor submit --shards 3` puts the job on its shard (shard_choice.py) of one Redis, where a
+    worker over those shards runs it, and streams its tokens from that shard's output stream."""
+    from tests.helpers.worker_fakes import on_a_thread
+    from worker.affinity_key import with_affinity
+    from worker.config import WorkerConfig
+    from worker.connection import connect
+    from worker.run.lanes_worker import shards_on_one_redis
+    from worker.shard_choice import choose_shard
+
+    engine = FakeEngine()
+    cfg = WorkerConfig(group="test", consumer="w1", lease_ms=3000, shards=3)
+    with on_a_thread(shards_on_one_redis(engine, connect(redis_server.url), cfg)):
+        args = ["submit", "hello", "--redis-url", redis_server.url, "--max-tokens", "6", "--seed", "2"]
+        result = CliRunner().invoke(main, [*args, "--id", "s1", "--shards", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(engine.expected_text("hello", 6, seed=2))
+    shard = choose_shard(with_affinity({"id": "s1", "prompt": "hello"}), 3)  # the client keys it
+    assert r.xlen(f"conveyor:{{s{shard}}}:requests") == 1 and not r.exists("conveyor:requests")
+
+
 @pytest.mark.timeout(120)
 def test_plan_and_make_tiny_model(tiny_model, tmp_path):
     result = CliRunner().invoke(

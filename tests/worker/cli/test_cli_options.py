@@ -73,6 +73,7 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     monkeypatch.setattr(worker.cli.preflight, "wait_reachable", lambda client, url: None)
     monkeypatch.setattr(worker.cli.preflight, "check_eviction_policy", lambda client, allow: None)
     monkeypatch.setattr(worker.cli.preflight, "check_permissions", lambda client, cfg: None)
+    monkeypatch.setattr(worker.cli.preflight, "check_lane_layout", lambda client, keys, layout: None)
 
     def built(engine, client, cfg):
         raise _Built(engine, cfg)

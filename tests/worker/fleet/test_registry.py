@@ -72,6 +72,7 @@ def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     assert hb.record.running == 3
     assert hb.record.tokens_out_per_s == pytest.approx(50, rel=0.05)
     assert hb.record.tokens_in_per_s == pytest.approx(200, rel=0.05)
+    assert (hb.record.prefix_cache_queries, hb.record.prefix_cache_hits) == (500, 100)
     hb.record = hb.record.model_copy(update={"last_step_ms": hb.record.last_step_ms - 10_000})
 
     class Pipe:  # beat() with the writes discarded: only the record's rates are looked at here
@@ -85,6 +86,21 @@ def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     hb.client = Client()
     hb.beat()
     assert hb.record.tokens_out_per_s == 0 and hb.record.tokens_in_per_s == 0
+
+
+def test_jobs_per_second_and_the_latest_ttfts_ride_in_the_record():
+    hb = heartbeat(None)
+    hb.update(stats(), stepped=True)
+    hb._rate_base = (hb._rate_base[0] - 2.0, 0, 0)
+    for k in range(70):
+        hb.first_token(100.4 + k)
+    for _ in range(3):
+        hb.job_finished()
+    hb.update(stats(), stepped=True)
+    assert hb.record.jobs_per_s == pytest.approx(1.5, rel=0.05)
+    assert hb.record.ttft_ms_recent == [100 + k for k in range(6, 70)]  # the newest 64, rounded
+    round_trip = registry.WorkerRecord.model_validate_json(hb.record.model_dump_json())
+    assert round_trip.ttft_ms_recent == hb.record.ttft_ms_recent
 
 
 @pytest.mark.redis

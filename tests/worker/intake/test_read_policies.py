@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.cluster.read_shares import ReadShares
 from worker.intake.fair_share import FairShare
 from worker.intake.home_first import HomeFirst
 from worker.intake.priority_lanes import PriorityLanes
 from worker.intake.read_policy import OneLane, ReadPolicy
+from worker.intake.read_shares import ReadShares
 
 
 def feed(policy: ReadPolicy, shares: list[int], backlog: list[int]) -> list[int]:
@@ -29,6 +29,7 @@ POLICIES = {
     "priority": lambda n: PriorityLanes(n, patience=3),
     "fair": lambda n: FairShare([1.0 + k for k in range(n)], patience=3),
     "home": lambda n: HomeFirst(n, {0}, patience=3),
+    "no home": lambda n: HomeFirst(n, set(), patience=3),
     "shares": lambda n: ReadShares(n),
 }
 
@@ -52,6 +53,8 @@ def test_never_more_than_the_room_and_every_waiting_lane_is_read(name, lanes, ro
         feed(policy, shares, backlog)
         for k in range(n):
             since[k] = 0 if shares[k] or room <= 0 else since[k] + 1
+        if name == "home":  # HomeFirst leaves a busy home's other lanes to their owners (home_first.py)
+            since = [since[0]] + [0] * (n - 1)
         # bound: patience + lanes for aged policies; a turn per other lane for ReadShares, at most n
         # quotas of the largest room seen (12) in rounds of at least one
         bound = 3 + n if name != "shares" else n * 12 + n
@@ -164,11 +167,56 @@ def test_home_lanes_first_and_stealing_only_when_home_lanes_are_short():
     assert policy.shares(6) in ([6, 0, 0], [0, 6, 0])  # short queues: one home lane reads it all
 
 
-def test_a_shard_whose_home_worker_died_is_still_read():
-    policy = HomeFirst(2, {0}, patience=5)
-    backlog = [10**6, 10**6]  # this worker's home lane never runs dry
-    got = [0, 0]
-    for _ in range(60):
+def test_no_stealing_while_home_has_work_and_only_from_stealable_lanes():
+    policy = HomeFirst(3, {0}, patience=2)
+    backlog = [10**6, 10**6, 10**6]  # the home lane never runs dry
+    got = [0, 0, 0]
+    for _ in range(30):
         for k, g in enumerate(feed(policy, policy.shares(3), backlog)):
             got[k] += g
-    assert got[1] >= 60 // 6 and got[0] > got[1]
+    assert got[1] == got[2] == 0  # not even patience's one-entry probes
+    policy.stealable = {2}  # lane 1's owner has room, lane 2's has none (or left)
+    backlog[0] = 0
+    for _ in range(30):
+        for k, g in enumerate(feed(policy, policy.shares(3), backlog)):
+            got[k] += g
+    assert got[1] == 0 and got[2] > 30
+    assert [policy.idle_cap(k) for k in range(3)] == [None, 0, 1]
+
+
+def test_home_lanes_move_at_run_time_and_reads_are_counted_as_home_or_stolen():
+    policy = HomeFirst(3, {0}, patience=100)
+    policy.hungry = [False, True, False]
+    assert policy.shares(4) == [1, 3, 0]  # home lane 0 probed, lane 1 stolen from
+    policy.read_back(0, asked=1, got=0)
+    policy.read_back(1, asked=3, got=3)
+    assert (policy.from_home, policy.stolen) == (0, 3)
+    assert policy.move_home({1}) and not policy.move_home({1})
+    assert policy.shares(4) == [0, 4, 0]  # lane 1 is home now, and hungry
+    policy.read_back(1, asked=4, got=2)
+    assert (policy.from_home, policy.stolen) == (2, 3)
+    with pytest.raises(ValueError):
+        policy.move_home({3})
+
+
+def test_a_worker_without_home_lanes_only_steals():
+    policy = HomeFirst(3, set(), patience=100)
+    assert policy.shares(5) == [5, 0, 0]  # nothing hungry: the longest waiting lane
+    policy.hungry = [False, False, True]
+    assert policy.shares(5) == [0, 0, 5]
+
+
+def test_home_lanes_start_hungry_so_a_backlog_at_home_is_read_before_stealing():
+    policy = HomeFirst(4, {1, 2}, patience=100)
+    assert policy.hungry == [False, True, True, False]
+    assert policy.shares(6) == [0, 3, 3, 0]
+    policy.read_back(1, asked=3, got=1)
+    policy.read_back(2, asked=3, got=0)
+    policy.move_home({2, 3})
+    assert policy.hungry == [False, False, False, True]  # lane 3 is new at home; lane 2 was read dry
+
+
+def test_an_idle_worker_takes_one_job_from_a_lane_that_is_not_home():
+    assert HomeFirst(3, {0}).idle_cap(0) is None and HomeFirst(3, {0}).idle_cap(2) == 1  # all stealable
+    assert HomeFirst(3, set()).idle_cap(2) is None  # no home: all the room from any lane
+    assert OneLane().idle_cap(0) is None

@@ -1,14 +1,16 @@
-"""One engine shared by the shards' workers: stepped once per cycle, its deltas split by shard.
+"""One engine shared by the lanes' workers: stepped once per cycle, its deltas split by lane.
 
-In cluster mode a worker runs one `Worker` per shard (each with its shard's keys and a connection to the
-master holding that shard's slot) over one engine. Each gets an `EngineView`: the first view to step in
-a cycle steps the real engine, and every view then takes the deltas of its own jobs. A view reports work
-while the engine has any (so an idle shard's worker does rounds, never a long blocking read, while other
-shards' jobs run) or while deltas of its own wait to be taken.
+A lanes worker (run/lanes_worker.py) runs one `Worker` per lane (a cluster shard, a shard on one Redis, a
+split stream), each with its lane's keys, over one engine. Each gets an `EngineView`: the first view to
+step in a cycle steps the real engine, and every view then takes the deltas of its own jobs. A view
+reports work while the engine has any (so an idle lane's worker does rounds, never a long blocking read,
+while other lanes' jobs run) or while deltas of its own wait to be taken. (Attribute names say "shard"
+for a lane: `shard_of`, `step_for(shard)`.)
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from engine.client import EngineClient
@@ -23,6 +25,7 @@ class SharedEngine:
         self.samples_left: dict[str, int] = {}  # request id -> samples not finished yet
         self.buckets: list[list[StepDelta]] = [[] for _ in range(shards)]
         self.stepped = False
+        self.step_s = 0.0  # wall time of this cycle's engine step (0: none), for accounting
         # Jobs a shard has read but not yet added to the engine (set by the sharded worker): each view's
         # free capacity leaves room for the other shards' jobs on their way in.
         self.reserved: Callable[[int], int] = lambda shard: 0
@@ -30,11 +33,15 @@ class SharedEngine:
 
     def new_cycle(self) -> None:
         self.stepped = False
+        self.step_s = 0.0
 
     def step_for(self, shard: int) -> list[StepDelta]:
         if not self.stepped and self.engine.has_unfinished_requests():
             self.stepped = True
-            for delta in self.engine.step():
+            began = time.perf_counter()
+            deltas = self.engine.step()
+            self.step_s = time.perf_counter() - began
+            for delta in deltas:
                 owner = self.shard_of.get(delta.request_id)
                 if owner is None:  # not added through a view: nobody publishes it
                     continue

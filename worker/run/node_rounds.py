@@ -1,7 +1,8 @@
-"""One round trip per Redis node for a cycle's rounds, instead of one per shard.
+"""One round trip per Redis node for a cycle's rounds, instead of one per lane (run/lanes_worker.py).
 
-In a cycle every shard's Worker builds its step's round (one MULTI/EXEC on its shard's slot). Shards whose
-slots are on the same master go out together: their rounds' bytes in one write on one connection, the
+In a cycle every lane's Worker builds its step's round (in a cluster, one MULTI/EXEC on its shard's slot).
+Lanes on the same Redis (every lane, on one Redis; in a cluster, shards whose slots share a master) go
+out together: their rounds' bytes in one write on one connection, the
 replies read back in order on an I/O thread. Each round stays its own MULTI/EXEC, so a shard's writes are
 as atomic as before; only the number of writes, reads and wake-ups on each node goes down (with 8 shards
 on 3 masters: 3 round trips a cycle, not 8).

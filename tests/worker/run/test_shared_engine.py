@@ -7,7 +7,7 @@ import pytest
 
 from engine import SamplingParams
 from tests.helpers.worker_fakes import FakeEngine
-from worker.cluster.shared_engine import SharedEngine
+from worker.run.shared_engine import SharedEngine
 
 
 def test_each_view_gets_its_own_deltas_once_per_cycle():

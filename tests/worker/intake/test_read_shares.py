@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.cluster.read_shares import ReadShares
+from worker.intake.read_shares import ReadShares
 
 
 def hungry(shards: int, *which: int, turn: int = 0) -> ReadShares:

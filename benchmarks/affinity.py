@@ -1,0 +1,322 @@
+"""Prefix affinity across workers (issue 22): the same jobs through 3 worker processes with and without
+affinity, in one run.
+
+    python benchmarks/affinity.py                    # the issue's scale (see below)
+    python benchmarks/affinity.py --quick            # a third of the prefixes, half the jobs, a third of the pool
+    python benchmarks/affinity.py --json out.json    # {"with": {...}, "without": {...}}
+
+Setup: a redis-server of its own, 3 `conveyor worker` processes (the tiny model, one torch thread each,
+--shards S on one Redis), each with a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct
+512-token prefixes, each followed by 8 short suffixes, all 288 jobs queued at once in random order, 32
+output tokens, greedy. Multi-turn run: 24 conversations (each opened by a document of its own) of 6
+turns, turns interleaved (turn k of every conversation, then turn k+1 with the replies). "without": jobs
+carry no key (spread by id over the shards) and workers read every shard alike (their default policy);
+"with": jobs carry the default key (worker/affinity_key.py) and workers run with --affinity (home shards
+by rendezvous hashing, then stealing).
+
+Reported per mode: prompt tokens computed (counted by the engines, summed from the registry records:
+looked up minus found in the prefix cache) against received, output tok/s, jobs per worker (from the
+workers' "job finished" log lines), p99 queue wait (the done events' queue_ms), and the multi-turn hit
+rate. Prompt tokens computed is a count and holds on a loaded machine; the wall-clock figures do not.
+Targets with affinity: computed <= 0.4x without, tok/s >= 1.5x, busiest/least busy worker <= 1.5,
+p99 queue wait no worse than without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from worker import local_redis  # noqa: E402
+from worker.affinity_key import with_affinity  # noqa: E402
+from worker.cli.tiny_model import resolve_model  # noqa: E402
+from worker.client import enqueue  # noqa: E402
+from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
+from worker.connection import connect  # noqa: E402
+from worker.fleet import registry  # noqa: E402
+from worker.job_queue import Cursor, JobQueue, read_outputs  # noqa: E402
+from worker.keys import EVENT_FIELD, Keys  # noqa: E402
+from worker.shard_choice import choose_shard  # noqa: E402
+
+GROUP = "bench"
+WORDS = (
+    "harbour ledger cargo tide lantern keeper river stone cloud paper engine token stream worker lease claim "
+    "north south copper salt timber grain wool spice amber cedar falcon meadow quarry signal anchor"
+).split()
+
+
+class Queue:
+    """The sharded queue on one Redis (a worker.job_queue.JobQueue): submits with or without the key."""
+
+    def __init__(self, client, shards: int, keyed: bool) -> None:
+        self.client, self.sharded, self.keyed = client, ShardedKeys("conveyor", shards), keyed
+
+    @property
+    def shards(self) -> int:
+        return self.sharded.shards
+
+    def submit(self, job: dict) -> int:
+        job = with_affinity(job) if self.keyed else job
+        shard = choose_shard(job, self.shards)
+        enqueue(self.client, job, self.sharded.shard(shard), affinity=False)
+        return shard
+
+    def keys(self, shard: int) -> Keys:
+        return self.sharded.shard(shard)
+
+    def node(self, shard: int):
+        return self.client
+
+
+def text_of(tokenizer, seed: int, tokens: int, head: str) -> str:
+    """`head` then random words, cut to `tokens` tokens of the model's tokenizer."""
+    rng = random.Random(seed)
+    words = " ".join(rng.choice(WORDS) for _ in range(tokens * 2))
+    ids = tokenizer.encode(head + words, add_special_tokens=False)[:tokens]
+    return tokenizer.decode(ids)
+
+
+def start_workers(args, url: str, model: str, keyed: bool, logs: Path) -> list[tuple[subprocess.Popen, Path]]:
+    procs = []
+    for i in range(args.workers):
+        log = logs / f"{'with' if keyed else 'without'}-w{i}.log"
+        cmd = [sys.executable, "-m", "worker.cli", "worker", "--model", model, "--redis-url", url]
+        cmd += ["--consumer", f"w{i}", "--group", GROUP, "--metrics-port", "0", "--torch-threads", "1"]
+        cmd += ["--shards", str(args.shards), "--num-kv-blocks", str(args.kv_blocks), "--block-size", "16"]
+        cmd += ["--max-num-seqs", str(args.max_num_seqs), "--registry-interval", "0.5", "--dtype", "float32"]
+        cmd += ["--log-level", "info", *(["--affinity"] if keyed else [])]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        procs.append(
+            (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb")), log)
+        )
+    return procs
+
+
+def wait_registered(client, count: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(registry.live(registry.read(client, Keys()))) < count:
+        if time.monotonic() > deadline:
+            sys.exit("affinity bench: the workers did not register")
+        time.sleep(0.2)
+    time.sleep(1.5)  # every worker has read the registry (home shards settled)
+
+
+def counters(client) -> dict[str, int]:
+    records = registry.live(registry.read(client, Keys()))
+    return {
+        "received": sum(r.prompt_tokens for r in records),
+        "queries": sum(r.prefix_cache_queries for r in records),
+        "hits": sum(r.prefix_cache_hits for r in records),
+    }
+
+
+def settled_counters(client) -> dict[str, int]:
+    """The records once the engines are idle and a heartbeat wrote their last numbers."""
+    time.sleep(1.2)
+    return counters(client)
+
+
+def run_jobs(queue: JobQueue, jobs: list[dict]) -> tuple[dict[str, dict], float]:
+    """Submit all, read every terminal event; returns the done events by id and the wall time."""
+    start = time.perf_counter()
+    cursors: dict[str, Cursor] = {}
+    names: dict[str, str] = {}  # output stream -> job id
+    for job in jobs:
+        shard = queue.submit(job)
+        name = queue.keys(shard).out(job["id"])
+        cursors[name], names[name] = Cursor(shard), job["id"]
+    done: dict[str, dict] = {}
+    while cursors:
+        for name, entries in read_outputs(queue, cursors, 1000):
+            for entry_id, fields in entries:
+                cursors[name].last_id = entry_id
+                event = json.loads(fields[EVENT_FIELD])
+                if event["type"] in ("done", "error"):
+                    done[names[name]] = event
+                    del cursors[name]
+                    break
+    return done, time.perf_counter() - start
+
+
+def finished_per_worker(logs: list[Path], ids: set[str]) -> list[int]:
+    counts = []
+    for log in logs:
+        n = 0
+        for line in log.read_bytes().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            n += entry.get("event") == "job finished" and entry.get("request_id") in ids
+        counts.append(n)
+    return counts
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+
+def one_mode(args, url: str, model: str, tokenizer, keyed: bool, logs: Path) -> dict:
+    client = connect(url)
+    client.flushall()
+    mode = "with" if keyed else "without"
+    procs = start_workers(args, url, model, keyed, logs)
+    try:
+        wait_registered(client, args.workers)
+        queue = Queue(client, args.shards, keyed)
+        rng = random.Random(7)
+        prefixes = [
+            text_of(tokenizer, p, args.prefix_tokens, f"Document {p} of the harbour archive. ")
+            for p in range(args.prefixes)
+        ]
+        jobs = [
+            {
+                "id": f"{mode}-p{p}-j{j}",
+                "prompt": prefixes[p] + f"\nQuestion {j}: what does line {j * 7 + p} say?",
+                "max_tokens": args.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
+            for p in range(args.prefixes)
+            for j in range(args.jobs_per_prefix)
+        ]
+        rng.shuffle(jobs)
+        before = counters(client)
+        done, wall = run_jobs(queue, jobs)
+        after = settled_counters(client)
+        failed = [i for i, e in done.items() if e["type"] != "done"]
+        out_tokens = sum(e["usage"]["completion_tokens"] for e in done.values() if e["type"] == "done")
+        result = {
+            "prompt_tokens_received": after["received"] - before["received"],
+            "prompt_tokens_computed": (after["queries"] - after["hits"])
+            - (before["queries"] - before["hits"]),
+            "tok_s": out_tokens / wall,
+            "wall_s": wall,
+            "jobs_per_worker": finished_per_worker([log for _, log in procs], {j["id"] for j in jobs}),
+            "p99_queue_ms": p99([e["timing"]["queue_ms"] for e in done.values() if e["type"] == "done"]),
+            "failed": len(failed),
+        }
+        result["multi_turn_hit_rate"] = multi_turn(args, queue, client, tokenizer, mode, rng)
+        return result
+    finally:
+        for proc, _ in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def multi_turn(args, queue: Queue, client, tokenizer, mode: str, rng: random.Random) -> float:
+    conversations = [
+        [
+            {
+                "role": "system",
+                "content": text_of(
+                    tokenizer, 1000 + c, args.doc_tokens, f"Conversation {c}: the ledger of ship {c}. "
+                ),
+            }
+        ]
+        for c in range(args.conversations)
+    ]
+    before = counters(client)
+    for turn in range(args.turns):
+        jobs = []
+        for c, messages in enumerate(conversations):
+            messages.append({"role": "user", "content": f"Turn {turn}: and then what happened to ship {c}?"})
+            jobs.append(
+                {
+                    "id": f"{mode}-c{c}-t{turn}",
+                    "messages": list(messages),
+                    "max_tokens": args.max_tokens,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                }
+            )
+        rng.shuffle(jobs)
+        done, _ = run_jobs(queue, jobs)
+        for c, messages in enumerate(conversations):
+            event = done[f"{mode}-c{c}-t{turn}"]
+            messages.append({"role": "assistant", "content": event.get("text", "")})
+    after = settled_counters(client)
+    queries = after["queries"] - before["queries"]
+    return (after["hits"] - before["hits"]) / queries if queries else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="12 prefixes x 4 jobs, pool of 5, 8 x 3 turns")
+    parser.add_argument("--json", default=None, help="write {'with': {...}, 'without': {...}} here")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=12)
+    parser.add_argument("--prefixes", type=int, default=36)
+    parser.add_argument("--jobs-per-prefix", type=int, default=8)
+    parser.add_argument("--prefix-tokens", type=int, default=512)
+    parser.add_argument("--pool-prefixes", type=int, default=15, help="a worker's KV pool, in prefixes")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--doc-tokens", type=int, default=256)
+    args = parser.parse_args()
+    if args.quick:
+        args.prefixes, args.jobs_per_prefix, args.pool_prefixes = 12, 4, 5
+        args.conversations, args.turns = 8, 3
+    blocks_per_prefix = -(-args.prefix_tokens // 16)
+    args.kv_blocks = args.pool_prefixes * blocks_per_prefix
+    model = resolve_model(args.model)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    server = local_redis.start()
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for keyed in (False, True):
+                results["with" if keyed else "without"] = one_mode(
+                    args, server.url, model, tokenizer, keyed, Path(tmp)
+                )
+    finally:
+        server.stop()
+    w, wo = results["with"], results["without"]
+    spread = max(w["jobs_per_worker"]) / max(1, min(w["jobs_per_worker"]))
+    print(f"{'':28}{'without':>12}{'with':>12}{'ratio':>8}")
+    for name in (
+        "prompt_tokens_received",
+        "prompt_tokens_computed",
+        "tok_s",
+        "p99_queue_ms",
+        "multi_turn_hit_rate",
+    ):
+        ratio = w[name] / wo[name] if wo[name] else float("nan")
+        print(f"{name:28}{wo[name]:12.3f}{w[name]:12.3f}{ratio:8.2f}")
+    print(
+        f"{'jobs_per_worker':28}{str(wo['jobs_per_worker']):>12}{str(w['jobs_per_worker']):>12}{spread:8.2f}"
+    )
+    print(
+        "targets with affinity: computed <= 0.4x, tok/s >= 1.5x, busiest/least <= 1.5, p99 queue <= without"
+    )
+    print("(wall-clock figures are noise on a loaded machine; prompt tokens computed is a count)")
+    setup = {k: v for k, v in vars(args).items() if k != "json"}
+    if args.json:
+        Path(args.json).write_text(json.dumps({**results, "setup": setup}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""A worker over priority or tenant lanes (intake/lane_layout.py): a LanesWorker (run/lanes_worker.py)
+whose lanes are the layout's streams, all on one Redis, read with the layout's policy (PriorityLanes or
+FairShare). It writes the layout for clients before it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import redis
+
+from engine.client import EngineClient
+from worker.config import WorkerConfig
+from worker.intake.lane_layout import LaneLayout, read_policy, write_layout
+from worker.run.lanes_worker import LanesWorker
+from worker.run.observer import Observer
+
+
+def layout_worker(
+    engine: EngineClient,
+    client: redis.Redis,
+    cfg: WorkerConfig,
+    layout: LaneLayout,
+    weights: Mapping[str, float] | None = None,
+    observer: Observer | None = None,
+) -> LanesWorker:
+    """`weights`: tenant -> weight (tenant lanes; 'default' weighs the default lane; absent: 1)."""
+    lanes = layout.lanes(cfg.keys, cfg.group)
+    worker = LanesWorker(
+        engine, lanes, [client] * len(lanes), cfg, read_policy(layout, weights or {}), observer
+    )
+    write_layout(client, cfg.keys, layout)
+    return worker
