@@ -86,14 +86,25 @@ class BatchDriver:
         if content is None:
             self._finish(batch, tenant, "failed", fence, errors=[_gone(batch.input_file_id)])
             return
-        sink = RedisSink(self.client, self.keys, batch.id, lease, batch.expires_at, leaving=leaving)
+        sink = RedisSink(
+            self.client,
+            self.keys,
+            batch.id,
+            lease,
+            batch.expires_at,
+            leaving=leaving,
+            board_key=self.keys.batches,
+        )
         runner = BatchRunner(self.queue, max_in_flight=self.cfg.max_in_flight, drain_s=self.cfg.drain_s)
         template = JobTemplate(
             job_id=lambda custom_id, line: batch_job_id(batch.id, custom_id),
             fields={"deadline_ms": batch.expires_at * 1000, **({"tenant": tenant} if tag_jobs else {})},
             submit=self.submit,
         )
-        runner.drive(lambda: input_lines(content), sink, template)
+        try:
+            runner.drive(lambda: input_lines(content), sink, template)
+        finally:
+            sink.close()
         self._finish(batch, tenant, self._outcome(batch, sink.stop(), fence), fence)
 
     def _start(self, batch: BatchObject, content: bytes | None, fence: tuple[str, str]) -> bool:

@@ -22,6 +22,7 @@ from worker.batch.batch_lease import BatchLease, Handover
 from worker.batch.batch_store import LeaseLost
 from worker.batch.resume import Answered
 from worker.batch.sink import Stop
+from worker.fleet.batch_board import BatchBoard
 from worker.keys import Keys
 
 # KEYS: lease, answered, output, errors, batch hash. ARGV: token, custom_id, line, 1 (ok) or 0.
@@ -56,8 +57,10 @@ class RedisSink:
         expires_at: int,
         check_every_s: float = 0.25,
         leaving: threading.Event | None = None,
+        board_key: str | None = None,
     ) -> None:
-        """`leaving`: set when this replica stops; the run then ends with Handover."""
+        """`leaving`: set when this replica stops; the run then ends with Handover. `board_key`: the batch
+        board's hash (Keys.batches), where `conveyor top` and the dashboard see the batch's progress."""
         self.client, self.lease = client, lease
         self.batch_key = keys.batch(batch_id)
         self._keys = [lease.key, *(keys.batch(batch_id, p) for p in ("answered", "output", "errors"))]
@@ -66,6 +69,9 @@ class RedisSink:
         self._total = client.register_script(_TOTAL)
         self.expires_at, self.check_every_s, self.leaving = expires_at, check_every_s, leaving
         self._checked = 0.0
+        self.batch_id, self.board_key = batch_id, board_key
+        self.board: BatchBoard | None = None
+        self._counts = [0, 0, 0]  # answered by earlier runs, succeeded, failed (this run)
         self._stop: Stop | None = None
 
     def answered(self) -> Answered:
@@ -75,11 +81,23 @@ class RedisSink:
     def started(self, total: int, skipped: int) -> None:
         if self._total(keys=[self.lease.key, self.batch_key], args=[self.lease.token, total]) == -1:
             raise LeaseLost(self.batch_key)
+        self._counts[0] = skipped
+        if self.board_key is not None:
+            self.board = BatchBoard(self.client, self.board_key, self.batch_id, total)
+            self.board.update(skipped, 0, force=True)
 
     def write(self, custom_id: str, line: str, ok: bool, tokens: int) -> None:
         args = [self.lease.token, custom_id, line, "1" if ok else "0"]
         if self._write(keys=self._keys, args=args) == -1:
             raise LeaseLost(self.batch_key)
+        self._counts[1 if ok else 2] += 1
+        if self.board is not None:
+            self.board.update(self._counts[0] + self._counts[1], self._counts[2])
+
+    def close(self) -> None:
+        """Off the batch board (the batch's own record keeps its counts)."""
+        if self.board is not None:
+            self.board.close()
 
     def stop(self) -> Stop | None:
         """At most every check_every_s: renew the lease (LeaseLost when gone), then cancelled? expired?

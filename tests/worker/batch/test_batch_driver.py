@@ -195,6 +195,9 @@ def test_a_stopping_replica_hands_its_batch_over_at_once(r, redis_server, engine
     with running_worker(engine, redis_server.url):
         leaving.start()
         wait_until(lambda: store.get("t1", batch_id).request_counts.completed >= 5, 120, "5 lines answered")  # type: ignore[union-attr]
+        # The batch's progress is on the batch board (`conveyor top`, the dashboard) while it runs.
+        (view,) = [json.loads(v) for v in r.hvals(K.batches)]
+        assert view["id"].endswith(batch_id) and view["total"] == n
         leaving.stop()
         assert (
             leaving.driving() == [] and r.get(K.batch(batch_id, "lease")) is None
@@ -207,6 +210,7 @@ def test_a_stopping_replica_hands_its_batch_over_at_once(r, redis_server, engine
         finally:
             taking.stop()
     assert b.status == "completed" and b.request_counts.completed == n
+    assert r.hlen(K.batches) == 0  # off the board once done
     assert Counter(x["custom_id"] for x in _file_lines(r, b.output_file_id)) == Counter(
         {f"h{i}": 1 for i in range(n)}
     )
