@@ -88,6 +88,30 @@ class Keys:
         """Consumer name running the job; expires with the lease, so a duplicate enqueue is not run twice."""
         return f"{self.prefix}:owner:{job_id}"
 
+    # Files and batches of the HTTP API (worker/batch/file_store.py, worker/batch/batch_store.py). A batch's
+    # keys share the hash tag {<batch id>}, so the scripts that write several of them run on one cluster node.
+    def file(self, file_id: str) -> str:
+        """Hash: `meta` (the File object's JSON, with its tenant) and `content` (the bytes)."""
+        return f"{self.prefix}:file:{file_id}"
+
+    def tenant_files(self, tenant: str) -> str:
+        """Sorted set of a tenant's file ids by creation time (seconds)."""
+        return f"{self.prefix}:tenant:{tenant}:files"
+
+    def batch(self, batch_id: str, part: str = "") -> str:
+        """Hash of the Batch object's fields; with `part`: `lease` (string, the driving replica's token,
+        PX), `answered` (set of custom_ids written), `output` / `errors` (lists of output lines)."""
+        return f"{self.prefix}:batch:{{{batch_id}}}" + (f":{part}" if part else "")
+
+    def tenant_batches(self, tenant: str) -> str:
+        """Sorted set of a tenant's batch ids by creation time (seconds)."""
+        return f"{self.prefix}:tenant:{tenant}:batches"
+
+    @property
+    def batches_open(self) -> str:
+        """Set of the ids of batches not yet in a final state: what the gateways' drivers take leases on."""
+        return f"{self.prefix}:batches:open"
+
 
 # A served model name: hub ids ("org/name"), tags ("name:8b"); no spaces or braces (cluster hash tags).
 SERVED_MODEL = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")

@@ -68,7 +68,8 @@ def job_id_for(line: str) -> str:
     return "batch-" + hashlib.sha256(line.strip().encode()).hexdigest()[:32]
 
 
-def parse_line(line: str) -> BatchRequest:
+def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
+    """The line's job, named `job_id` (default: derived from the line, job_id_for)."""
     try:
         entry = json.loads(line)
     except ValueError as exc:
@@ -84,7 +85,7 @@ def parse_line(line: str) -> BatchRequest:
         raise LineError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
     if not isinstance(body, dict):
         raise LineError("invalid_request", "body must be a JSON object")
-    job, model = job_from_body(url, body, job_id_for(line))
+    job, model = job_from_body(url, body, job_id or job_id_for(line))
     return BatchRequest(custom_id, url, job, model or "conveyor")
 
 

@@ -14,6 +14,7 @@ import redis
 
 from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
+from worker.batch.api_config import BatchApiConfig
 from worker.cli.lane_options import PRIORITY_HELP, TENANT_HELP, lane_layout
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
@@ -301,6 +302,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     "--metrics-port", type=int, default=0, help="Prometheus port of its own (0: off; /metrics is served too)"
 )
 @opt("--log-level", default="info")
+@config_options(BatchApiConfig)
 def serve(**kw: Any) -> None:
     """The OpenAI-compatible HTTP API over the queue (stateless: run as many as you like)."""
     from pydantic import ValidationError
@@ -313,6 +315,7 @@ def serve(**kw: Any) -> None:
         kw["api_keys"] = parse_api_keys(kw["api_keys"])
         kw["request_timeout_s"] = kw.pop("request_timeout")
         log_level = kw.pop("log_level")
+        kw["batches"] = BatchApiConfig(**pop_config_kwargs(BatchApiConfig, kw))
         settings = GatewaySettings(**kw)
         logs.configure(log_level)
     except (ValueError, ValidationError) as exc:

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from worker.gateway import completions, errors, health, models
+from worker.gateway import batch_api, completions, errors, health, models
 from worker.gateway.body_limit import BodyLimit
 from worker.gateway.fleet_view import FleetView
 from worker.gateway.metrics import Counted
@@ -51,9 +51,13 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     app.state.keys = Keys(prefix=settings.prefix)
     app.state.starters = []
     errors.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Uploads to /v1/files have a limit of their own: the file's (--max-file-bytes, checked exactly by the
+    # route) plus room for the multipart framing and the other form fields.
+    uploads = {"/v1/files": settings.batches.max_file_bytes + 64 * 1024}
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, paths=uploads)
     app.add_middleware(Counted)
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(completions.router)
+    batch_api.install(app, settings)
     return app

@@ -9,16 +9,18 @@ from worker.gateway.errors import too_large
 
 
 class BodyLimit:
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, paths: dict[str, int] | None = None) -> None:
+        """`paths`: a path -> its own limit (uploads, larger than any JSON body)."""
+        self.app, self.max_bytes, self.paths = app, max_bytes, paths or {}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.paths.get(scope["path"].rstrip("/"), self.max_bytes)
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await too_large(self.max_bytes).response()(scope, receive, send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await too_large(limit).response()(scope, receive, send)
             return
         seen = 0
 
@@ -27,14 +29,14 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise _TooLarge
             return message
 
         try:
             await self.app(scope, counted, send)
         except _TooLarge:
-            await too_large(self.max_bytes).response()(scope, receive, send)
+            await too_large(limit).response()(scope, receive, send)
 
 
 class _TooLarge(Exception):

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from worker.batch.api_config import BatchApiConfig
 from worker.protocol import TENANT_PATTERN
 
 DEFAULT_TENANT = "default"  # the tenant of a key given without one (`--api-key KEY`)
@@ -34,6 +35,7 @@ class GatewaySettings(BaseModel):
     retry_after_s: int = Field(1, ge=1)  # the Retry-After of a 429
     request_timeout_s: float = Field(600.0, gt=0)  # 504 after this; also the job's deadline
     read_block_ms: int = Field(2000, ge=1)  # longest XREAD BLOCK on an output stream
+    batches: BatchApiConfig = Field(default_factory=BatchApiConfig)  # /v1/files and /v1/batches
 
     @field_validator("api_keys")
     @classmethod
