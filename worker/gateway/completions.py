@@ -93,6 +93,8 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         raise invalid(f"{'.'.join(map(str, wrong['loc']))}: {wrong['msg']}", code="invalid_job") from None
     served = (await request.app.state.fleet.models()).get(model)
     if served is None:
+        served = (await request.app.state.fleet.models(fresh=True)).get(model)
+    if served is None:
         raise await _missing(request, model)
     stream_name = await job_io.submit(client, served, job, settings.max_queued, settings.retry_after_s)
     job_keys = job_io.keys_of_stream(keys, stream_name, settings.shards if settings.cluster else None)

@@ -1,6 +1,7 @@
 """Which models have a live worker, and the request stream each one's jobs go to, from the worker registry
 (worker/fleet/registry.py). Read at most every CACHE_S per gateway process: a request does not pay for a
-registry read, and a worker that died shows within its record's TTL plus CACHE_S."""
+registry read, and a worker that died shows within its record's TTL plus CACHE_S; a model missing from
+the cached read is looked up again at once, so a worker that just registered is found."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ class FleetView:
         self._read_at = -1e9
         self._models: dict[str, ServedModel] = {}
 
-    async def models(self) -> dict[str, ServedModel]:
-        """Live, not draining workers by the model they serve."""
-        if time.monotonic() - self._read_at > CACHE_S:
+    async def models(self, fresh: bool = False) -> dict[str, ServedModel]:
+        """Live, not draining workers by the model they serve; `fresh`: read the registry now (a model the
+        cached read does not know may have a worker that registered since)."""
+        if fresh or time.monotonic() - self._read_at > CACHE_S:
             records = [w for w in live(await read_async(self.client, self.keys)) if not w.draining]
             by_model: dict[str, list[WorkerRecord]] = {}
             for w in records:

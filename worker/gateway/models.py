@@ -32,5 +32,7 @@ async def list_models(request: Request) -> dict:
 async def retrieve_model(model: str, request: Request) -> dict:
     found = await request.app.state.fleet.models()
     if model not in found:
+        found = await request.app.state.fleet.models(fresh=True)
+    if model not in found:
         raise model_not_found(model)
     return model_object(found[model])
