@@ -22,6 +22,15 @@ def shard_prefix(prefix: str, shard: int) -> str:
     return f"{prefix}:{{s{shard}}}"
 
 
+def keys_of_shard_stream(prefix: str, stream: str) -> Keys | None:
+    """The keys of the jobs submitted to `stream` when it is a shard's request stream under `prefix`
+    (protocol version 2: their output streams carry the same hash tag); None for any other stream."""
+    found = _TAGGED.match(stream)
+    if found is None or found["prefix"] != prefix:
+        return None
+    return Keys(prefix=shard_prefix(prefix, int(found["shard"])))
+
+
 @dataclass(frozen=True)
 class ShardedKeys:
     """The names of all `shards` shards under one prefix; `shard(k)` is a v1 `Keys` for shard k."""

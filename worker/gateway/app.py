@@ -1,6 +1,6 @@
 """`create_app(settings) -> FastAPI`: the gateway's routes, error handlers, body limit and Redis client.
 
-Routers other parts add (the Batch API, the dashboard) are included here. Background tasks that must run
+Routers other parts add (the Batch API) are included here, and the fleet dashboard is mounted at /dashboard. Background tasks that must run
 while the app serves (a batch driver) go in `app.state.starters`: each is `async def start(app)`, run as a
 task from start-up and cancelled at shutdown.
 """
@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from worker.fleet.dashboard.app import dashboard_app
 from worker.gateway import batch_api, completions, errors, health, models
 from worker.gateway.body_limit import BodyLimit
 from worker.gateway.fleet_view import FleetView
@@ -60,4 +61,6 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(completions.router)
     batch_api.install(app, settings)
+    # The fleet dashboard (worker/fleet/dashboard/), read with the Batch API's synchronous client.
+    app.mount("/dashboard", dashboard_app(app.state.batch_api.client, settings.prefix))
     return app

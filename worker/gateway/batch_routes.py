@@ -13,11 +13,13 @@ import time
 
 import redis
 
+from worker.affinity_key import with_affinity
 from worker.batch.openai_input import BatchRequest, LineError
 from worker.client import enqueue
-from worker.cluster.shard_keys import ShardedKeys
+from worker.cluster.shard_keys import ShardedKeys, keys_of_shard_stream
 from worker.fleet.registry import live, read
 from worker.gateway.fleet_view import CACHE_S, ServedModel
+from worker.intake.lane_layout import read_layout
 from worker.job_queue import JobQueue
 from worker.keys import Keys, requests_stream_name
 
@@ -32,14 +34,23 @@ class ModelRoutes:
         """A JobTemplate.submit: XADD to the line's model's stream. Returns the shard whose output stream
         holds the job's events: 0 on one Redis; in a cluster the shard the stream belongs to (its output
         stream shares the stream's hash tag, as job_io.keys_of_stream names it)."""
-        stream = self.stream(request.model, request.job["id"])
-        enqueue(self.client, request.job, Keys(prefix=self.keys.prefix, requests_stream=stream))
+        job = with_affinity(request.job)
+        stream = self.stream(request.model, job)
+        if queue.shards == 1 and keys_of_shard_stream(self.keys.prefix, stream) is not None:
+            raise LineError(
+                "unsupported_layout",
+                "the Batch API reads shards only in cluster mode (conveyor serve --cluster); this model's "
+                "workers read protocol version 2's shards on one Redis (docs/http.md)",
+            )
+        enqueue(self.client, job, Keys(prefix=self.keys.prefix, requests_stream=stream), affinity=False)
         return 0 if queue.shards == 1 else ShardedKeys(self.keys.prefix, queue.shards).shard_of(stream)
 
-    def stream(self, model: str, job_id: str) -> str:
+    def stream(self, model: str, job: dict) -> str:
         served = self._served().get(model)
         if served is not None:
-            return served.stream_for(job_id)
+            layout_keys = served.layout_keys(self.keys.prefix)
+            layout = read_layout(self.client, layout_keys) if layout_keys is not None else None
+            return served.stream_for(job, self.keys.prefix, layout)
         waiting = requests_stream_name(self.keys.prefix, model)
         if self.client.exists(waiting):
             return waiting

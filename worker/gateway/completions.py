@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from worker.affinity_key import with_affinity
 from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL, LineError, job_from_body
 from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import response_body
@@ -96,8 +97,9 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         served = (await request.app.state.fleet.models(fresh=True)).get(model)
     if served is None:
         raise await _missing(request, model)
-    stream_name = await job_io.submit(client, served, job, settings.max_queued, settings.retry_after_s)
-    job_keys = job_io.keys_of_stream(keys, stream_name, settings.shards if settings.cluster else None)
+    job = with_affinity(job)  # jobs sharing a prompt prefix go to the same workers (docs/protocol.md)
+    stream_name = await job_io.submit(client, keys, served, job, settings.max_queued, settings.retry_after_s)
+    job_keys = job_io.keys_of_stream(keys, stream_name)
 
     async def cancel() -> None:
         log.info("answer abandoned: job cancelled", request_id=job_id)

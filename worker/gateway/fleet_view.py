@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from worker.cluster.shard_keys import ShardedKeys
 from worker.fleet.registry import WorkerRecord, live, read_async
+from worker.intake.lane_layout import LaneLayout
 from worker.keys import Keys
+from worker.shard_choice import choose_shard
 
 CACHE_S = 0.5
 
@@ -34,10 +39,29 @@ class ServedModel:
                 counts[s] = counts.get(s, 0) + 1
         return sorted(counts, key=lambda s: (-counts[s], s))
 
-    def stream_for(self, job_id: str) -> str:
-        """The lane a job is submitted to: the one its workers read, or among several (lanes), by its id."""
+    def layout_keys(self, prefix: str) -> Keys | None:
+        """Where the workers' priority or tenant lane layout is kept, when they read split streams (the
+        default lane's stream, of which every other lane's name is an extension); None otherwise."""
         streams = self.streams
-        return streams[0] if len(streams) == 1 else streams[zlib.crc32(job_id.encode()) % len(streams)]
+        base = min(streams, key=len)
+        if len(streams) > 1 and all(s == base or s.startswith(base + ":") for s in streams):
+            return Keys(prefix=prefix, requests_stream=base)
+        return None
+
+    def stream_for(self, job: Mapping[str, Any], prefix: str, layout: LaneLayout | None) -> str:
+        """The stream a job is added to, by the rules every client follows (worker/shard_choice.py): its
+        lane by the workers' `layout`, or its shard of protocol version 2 (by its affinity key, else its
+        id); one stream: that one. Streams in no layout the gateway knows: spread by the job's id."""
+        streams = self.streams
+        if len(streams) == 1:
+            return streams[0]
+        if layout is not None and set(layout.streams) <= set(streams):
+            return layout.stream_for(job)
+        sharded = ShardedKeys(prefix, len(streams))
+        by_shard = [keys.requests for keys in sharded.all()]
+        if set(by_shard) == set(streams):
+            return by_shard[choose_shard(job, len(streams))]
+        return streams[zlib.crc32(str(job["id"]).encode()) % len(streams)]
 
     @property
     def groups(self) -> list[str]:

@@ -10,9 +10,11 @@ from typing import Any
 
 import redis
 
+from worker.cluster.shard_keys import keys_of_shard_stream
 from worker.connection import Backoff
 from worker.gateway.errors import queue_full
 from worker.gateway.fleet_view import ServedModel
+from worker.intake.lane_layout import read_layout_async
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 
 CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
@@ -35,9 +37,14 @@ async def queued(client, stream: str, groups: list[str]) -> int:
     return max(lags, default=0)
 
 
-async def submit(client, model: ServedModel, job: dict, max_queued: int, retry_after_s: int) -> str:
-    """XADD the job to its model's stream; 429 (APIError) when max_queued jobs wait there. Returns the stream."""
-    stream = model.stream_for(job["id"])
+async def submit(
+    client, keys: Keys, model: ServedModel, job: dict, max_queued: int, retry_after_s: int
+) -> str:
+    """XADD the job to its stream among its model's (ServedModel.stream_for, after the default affinity key
+    is set); 429 (APIError) when max_queued jobs wait there. Returns the stream."""
+    layout_keys = model.layout_keys(keys.prefix)
+    layout = await read_layout_async(client, layout_keys) if layout_keys is not None else None
+    stream = model.stream_for(job, keys.prefix, layout)
     if max_queued:
         waiting = await queued(client, stream, model.groups)
         if waiting >= max_queued:
@@ -83,12 +90,7 @@ async def cancel(client, keys: Keys, job_id: str, sharded: bool = False) -> None
         await client.publish(keys.cancel_channel, job_id)
 
 
-def keys_of_stream(keys: Keys, stream: str, shards: int | None) -> Keys:
-    """The names of a job submitted to `stream`: the deployment's, or in a cluster (protocol version 2)
-    the shard's that the stream belongs to, so its output stream is under the same hash tag."""
-    if shards is None:
-        return keys
-    from worker.cluster.shard_keys import ShardedKeys
-
-    sharded = ShardedKeys(keys.prefix, shards)
-    return sharded.shard(sharded.shard_of(stream))
+def keys_of_stream(keys: Keys, stream: str) -> Keys:
+    """The names of a job submitted to `stream`: the deployment's, or for a shard's stream (protocol
+    version 2, in a cluster or on one Redis) the shard's, so its output stream is under the same hash tag."""
+    return keys_of_shard_stream(keys.prefix, stream) or keys
