@@ -30,8 +30,12 @@ class Executor:
 
     def submit(self, sched_out: SchedulerOutput) -> PendingOutput:
         """The runner's submit (a handle on the step's sampled ids), its forward run on every rank."""
-        forward = self.runner.forward if self.ranks is None else self._forward_on_every_rank
-        return self.runner.submit(sched_out, forward)
+        if self.ranks is None:
+            return self.runner.submit(sched_out, self.runner.forward)
+        # A group that already failed fails the step before the runner lays it out: after a failed step
+        # the scheduler's and the runner's views of the requests differ, and only the failure is true.
+        self.ranks.check()
+        return self.runner.submit(sched_out, self._forward_on_every_rank)
 
     def _forward_on_every_rank(self, inputs: StepInputs) -> torch.Tensor | None:
         assert self.ranks is not None

@@ -28,6 +28,7 @@ log = structlog.get_logger("conveyor.worker")
 DEFAULT_INTERVAL_S = 2.0
 TTL_BEATS = 3  # the record outlives this many missed heartbeats
 IDLE_MS = 2_000  # no step for this long: the record's rates read 0
+STOP_WAIT_S = 1.0  # how long a stop waits for the last beat, then for leaving the registry
 
 
 def package_version() -> str:
@@ -157,17 +158,25 @@ class Heartbeat:
         pipe.zremrangebyscore(self.keys.workers, "-inf", at - FORGET_MS)
         pipe.execute()
 
-    def stop(self, remove: bool = True) -> None:
-        """Stop beating; with `remove`, leave the registry (a clean stop: not shown as lost)."""
+    def stop(self, remove: bool = True, wait_s: float = STOP_WAIT_S) -> None:
+        """Stop beating; with `remove`, leave the registry (a clean stop: not shown as lost). Never waits
+        on Redis for more than about 2 x `wait_s`: a worker stopping while its network is frozen must exit
+        within its drain bound, and its record then lapses on its own one TTL later."""
         self._stop.set()
         if self._thread is None:
             return  # never registered
-        self._thread.join(timeout=self.interval_s + 1)
-        if remove:
-            try:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.delete(self.keys.worker(self.record.consumer))
-                pipe.zrem(self.keys.workers, self.record.consumer)
-                pipe.execute()
-            except Exception as exc:
-                log.warning("could not leave the registry; the record lapses on its own", error=str(exc))
+        self._thread.join(timeout=wait_s)
+        if not remove or self._thread.is_alive():  # a beat still hangs on Redis: do not queue behind it
+            return
+        leaving = threading.Thread(target=self._leave, name="conveyor-registry-leave", daemon=True)
+        leaving.start()
+        leaving.join(timeout=wait_s)
+
+    def _leave(self) -> None:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(self.keys.worker(self.record.consumer))
+            pipe.zrem(self.keys.workers, self.record.consumer)
+            pipe.execute()
+        except Exception as exc:
+            log.warning("could not leave the registry; the record lapses on its own", error=str(exc))

@@ -93,7 +93,8 @@ def test_an_idle_worker_on_one_redis_wakes_for_any_shard(redis_server, r):
         for k in [3, 1, 2, 0]:  # (not the order an idle worker's turns would go round in)
             job_id = next(f"w{i}" for i in range(1000) if _shard(f"w{i}") == k)
             wait_until(lambda: blocked_clients(r) == 1, 30, "the worker blocked, idle")
-            shard = queue.submit({"id": job_id, "prompt": "p", "max_tokens": 2})
+            # Token ids: no default affinity key, so the job goes to its shard by id (shard_choice.py).
+            shard = queue.submit({"id": job_id, "prompt_token_ids": [5, 6], "max_tokens": 2})
             assert shard == k
             assert collect(r, job_id, queue.keys(shard), timeout_s=3)[-1]["type"] == "done"
 
