@@ -19,10 +19,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Both trees' workers log as `conveyor worker` does (structlog filtered at INFO): an old tree's benchmark
+# may leave structlog unconfigured, and then every debug line of its worker is rendered and printed.
+AS_THE_WORKER_LOGS = (
+    "import logging, runpy, sys, structlog; "
+    "structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO)); "
+    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
 
 def run(tree: Path, extra: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(tree / "benchmarks" / "redis_e2e.py"), *extra, "--out", str(out)]
+    script = str(tree / "benchmarks" / "redis_e2e.py")
+    cmd = [sys.executable, "-c", AS_THE_WORKER_LOGS, script, *extra, "--out", str(out)]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     wrote = [line.split("wrote ", 1)[1] for line in done.stdout.splitlines() if line.startswith("wrote ")]
     return json.loads(Path(wrote[-1]).read_text())

@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from html.parser import HTMLParser
 
 import httpx
@@ -100,7 +102,10 @@ def test_charts_show_non_zero_series_after_the_fleet_served_jobs(redis_server, r
         for k in range(24):  # more than its 16 slots: a backlog while the charts poll
             job = {"id": f"j{k}", "prompt": "hello", "max_tokens": 30, "ignore_eos": True}
             enqueue(r, job | ({"tenant": "acme"} if k % 2 else {}))
-        dom = chromium(base + "/", "--dump-dom")
+        # The page charts only what it polls after it loads, and the worker may clear 24 jobs before
+        # Chromium has started: jobs are topped up while it runs, so the backlog it polls is never empty.
+        with backlog_kept(r, Keys().requests):
+            dom = chromium(base + "/", "--dump-dom")
         found = Series()
         found.feed(dom)
         charts = found.charts
@@ -128,6 +133,28 @@ def test_charts_show_non_zero_series_after_the_fleet_served_jobs(redis_server, r
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def backlog_kept(r, stream: str, low: int = 4, batch: int = 8):
+    """While inside, a thread adds `batch` default-tenant jobs whenever the stream's lag falls below `low`."""
+    done = threading.Event()
+
+    def top_up() -> None:
+        n = 0
+        while not done.wait(0.02):
+            if max((g.get("lag") or 0 for g in r.xinfo_groups(stream)), default=0) < low:
+                for _ in range(batch):
+                    enqueue(r, {"id": f"fill{n}", "prompt": "hello", "max_tokens": 30, "ignore_eos": True})
+                    n += 1
+
+    thread = threading.Thread(target=top_up, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=10)
 
 
 def _get(url: str) -> bool:
