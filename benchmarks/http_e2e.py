@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
 from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
+from worker.cli.logs import configure as configure_logs  # noqa: E402
 from worker.cli.tiny_model import resolve_model  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
@@ -238,6 +239,7 @@ def main() -> None:
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    configure_logs("info")  # the worker logs as `conveyor worker` does: debug lines filtered, not printed
     if args.quick:
         args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
     model_name = args.model
