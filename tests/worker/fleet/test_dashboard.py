@@ -100,8 +100,7 @@ def test_charts_show_non_zero_series_after_the_fleet_served_jobs(redis_server, r
         assert "//" not in page.replace("http://www.w3.org", "")  # offline: every URL is the app's own
         r.xadd(Keys().requests, {"job": b"{not json"})  # one dead letter
         for k in range(24):  # more than its 16 slots: a backlog while the charts poll
-            job = {"id": f"j{k}", "prompt": "hello", "max_tokens": 30, "ignore_eos": True}
-            enqueue(r, job | ({"tenant": "acme"} if k % 2 else {}))
+            enqueue(r, _job(f"j{k}") | ({"tenant": "acme"} if k % 2 else {}))
         # The page charts only what it polls after it loads, and the worker may clear 24 jobs before
         # Chromium has started: jobs are topped up while it runs, so the backlog it polls is never empty.
         with backlog_kept(r, Keys().requests):
@@ -135,6 +134,10 @@ def test_charts_show_non_zero_series_after_the_fleet_served_jobs(redis_server, r
                 proc.wait()
 
 
+def _job(job_id: str) -> dict:
+    return {"id": job_id, "prompt": "hello", "max_tokens": 30, "ignore_eos": True}
+
+
 @contextmanager
 def backlog_kept(r, stream: str, low: int = 4, batch: int = 8):
     """While inside, a thread adds `batch` default-tenant jobs whenever the stream's lag falls below `low`."""
@@ -145,7 +148,7 @@ def backlog_kept(r, stream: str, low: int = 4, batch: int = 8):
         while not done.wait(0.02):
             if max((g.get("lag") or 0 for g in r.xinfo_groups(stream)), default=0) < low:
                 for _ in range(batch):
-                    enqueue(r, {"id": f"fill{n}", "prompt": "hello", "max_tokens": 30, "ignore_eos": True})
+                    enqueue(r, _job(f"fill{n}"))
                     n += 1
 
     thread = threading.Thread(target=top_up, daemon=True)
