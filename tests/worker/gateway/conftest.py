@@ -14,14 +14,14 @@ TENANT = "acme"
 
 @pytest.fixture(scope="module")
 def served(redis_server, tiny_model, tmp_path_factory):
-    """(redis url, the gateway process) with a live worker behind it."""
+    """(redis url, the gateway process, the worker process) with the worker live behind the gateway."""
     logs = tmp_path_factory.mktemp("gateway")
     workers = Workers(tiny_model, logs)
     worker = workers.spawn(redis_server.url, "gw-w1", "--served-model-name", MODEL, group="tiny")
     gateway = spawn_gateway(redis_server.url, logs, "--api-key", f"{TENANT}={KEY}")
     try:
         worker.wait_started()
-        yield redis_server.url, gateway
+        yield redis_server.url, gateway, worker
     finally:
         gateway.stop()
         workers.stop_all()

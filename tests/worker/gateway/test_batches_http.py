@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.paused import paused
 from tests.helpers.rel_helpers import Workers
 from tests.helpers.waiting import wait_until
 from worker.keys import Keys
@@ -63,12 +65,22 @@ def _serve(redis_url: str, log: Path, *extra: str) -> Replica:
 
 
 @pytest.fixture(scope="module")
-def deployment(redis_server, tiny_model, tmp_path_factory):
+def batch_worker(redis_server, tiny_model, tmp_path_factory):
+    """The one worker behind the replicas."""
+    workers = Workers(tiny_model, tmp_path_factory.mktemp("worker_logs"))
+    try:
+        worker = workers.spawn(redis_server.url, "w1", "--served-model-name", "tiny")
+        worker.wait_started()
+        yield worker
+    finally:
+        workers.stop_all()
+
+
+@pytest.fixture(scope="module")
+def deployment(redis_server, batch_worker, tmp_path_factory):
     logs = tmp_path_factory.mktemp("gateway_logs")
-    workers = Workers(tiny_model, logs)
     replicas: list[Replica] = []
     try:
-        workers.spawn(redis_server.url, "w1", "--served-model-name", "tiny").wait_started()
         replicas += [
             _serve(redis_server.url, logs / f"gw{i}.log", "--max-file-bytes", "400000") for i in range(2)
         ]
@@ -83,7 +95,6 @@ def deployment(redis_server, tiny_model, tmp_path_factory):
             except subprocess.TimeoutExpired:
                 r.process.kill()
                 r.process.wait(timeout=10)
-        workers.stop_all()
 
 
 def _lines(n: int, max_tokens: int = 3, prefix: str = "r", model: str = "tiny") -> bytes:
@@ -156,7 +167,7 @@ def test_200_lines_survive_the_kill_of_their_replica(deployment, redis_server):
     assert batch.id in listed
 
 
-def test_cancel_expiry_errors_and_tenants(deployment):
+def test_cancel_expiry_errors_and_tenants(deployment, batch_worker):
     import openai
 
     alive = next(x for x in deployment if x.process.poll() is None)
@@ -176,7 +187,8 @@ def test_cancel_expiry_errors_and_tenants(deployment):
     with pytest.raises(openai.AuthenticationError):
         alive.client().with_options(api_key="wrong").files.list()
 
-    # A long batch (many tokens per line), cancelled: it ends cancelled; what ran is in the output file.
+    # A long batch (many tokens per line), cancelled while the worker is frozen, so that lines are left to
+    # cancel however fast the worker is: it ends cancelled; what ran is in the output file.
     f = alice.files.create(
         file=("c.jsonl", io.BytesIO(_lines(40, max_tokens=200, prefix="c"))), purpose="batch"
     )
@@ -193,7 +205,8 @@ def test_cancel_expiry_errors_and_tenants(deployment):
     with pytest.raises(openai.NotFoundError):
         bob.batches.cancel(b.id)
     wait_until(lambda: alice.batches.retrieve(b.id).status == "in_progress", 60, "in_progress", 0.05)
-    assert alice.batches.cancel(b.id).status in ("cancelling", "cancelled")
+    with paused(batch_worker.process.pid):
+        assert alice.batches.cancel(b.id).status in ("cancelling", "cancelled")
     c = _final(alice, b.id, 60)
     assert c.status == "cancelled" and c.request_counts is not None and c.request_counts.total == 40
     assert c.request_counts.completed + c.request_counts.failed == 40 and c.request_counts.failed > 0
@@ -219,11 +232,13 @@ def test_cancel_expiry_errors_and_tenants(deployment):
     with pytest.raises(openai.ConflictError):  # final: not cancellable
         alice.batches.cancel(d.id)
 
-    # A 2-second window on lines that take longer: the batch expires.
+    # A 2-second window that passes while the worker is frozen: the batch expires, however fast the worker is.
     f = alice.files.create(
         file=("e.jsonl", io.BytesIO(_lines(40, max_tokens=200, prefix="e"))), purpose="batch"
     )
-    e = alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="2s")
+    with paused(batch_worker.process.pid):
+        e = alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="2s")
+        wait_until(lambda: time.time() > e.expires_at + 0.5, 10, "the window to pass", 0.1)
     x = _final(alice, e.id, 60)
     assert x.status == "expired" and x.expired_at is not None and x.request_counts is not None
     assert x.request_counts.failed > 0 and x.request_counts.completed + x.request_counts.failed == 40

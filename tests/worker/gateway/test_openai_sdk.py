@@ -125,7 +125,8 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job(served):
 
     import redis
 
-    from tests.helpers.rel_helpers import read_events, terminal
+    from tests.helpers.paused import paused
+    from tests.helpers.rel_helpers import K, read_events, terminal
     from tests.helpers.waiting import wait_until
 
     body = json.dumps(
@@ -142,14 +143,23 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job(served):
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
         f"X-Request-Id: leaver\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
-    # A plain socket, closed by this test after a few chunks: the client leaves at a known moment.
+    # A plain socket, closed by this test once the stream has begun, while the worker is frozen: the client
+    # leaves at a known moment, and the job cannot have run to max_tokens before the gateway's cancel reaches
+    # Redis, however fast the worker is. (A token event's text can be empty, a character's bytes split
+    # between tokens, and the gateway sends no chunk for it: hence 16 events for two chunks.)
+    client = redis.Redis.from_url(served[0])
+    job_id = f"{TENANT}:leaver"
     with socket.create_connection(("127.0.0.1", served[1].port), timeout=30) as sock:
         sock.sendall(head.encode() + body)
-        got = b""
-        while got.count(b"data: ") < 4:
-            got += sock.recv(65536)
-    client = redis.Redis.from_url(served[0])
-    end = wait_until(lambda: terminal(read_events(client, f"{TENANT}:leaver")), 60, "the job to end")
+        wait_until(lambda: len(read_events(client, job_id)) >= 16, 60, "16 events of the job", 0.002)
+        with paused(served[2].process.pid):
+            assert terminal(read_events(client, job_id)) is None
+            got = b""
+            while got.count(b"data: ") < 2:
+                got += sock.recv(65536)
+            sock.close()
+            wait_until(lambda: client.exists(K.cancel(job_id)), 30, "the gateway to cancel the job")
+    end = wait_until(lambda: terminal(read_events(client, job_id)), 60, "the job to end")
     logs = [line for path in served[1].log.parent.glob("*.log") for line in path.read_text().splitlines()]
     why = "\n".join(
         [str(end["usage"]), str(end["timing"])] + [line[:300] for line in logs if "leaver" in line]
