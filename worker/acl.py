@@ -14,7 +14,7 @@ import redis
 
 from worker.config import WorkerConfig
 
-# Lower-case, `command|subcommand` as ACL SETUSER writes them. Sources (under worker/): run/redis_io.py
+# Lower-case, `command|subcommand` as ACL SETUSER writes them. Sources (under worker/): run/redis_io/
 # (MULTI/EXEC), intake/stream_reader.py, job_path.py (lookups incl. HMGET attempts, attempt counts incl.
 # HSET of the alone field, refusals), run/aborts.py, run/job_lease.py, recover/takeover_claim.py,
 # run/cancel_listener.py, run/consumer_lease.py, run/lua_script.py, cli/preflight.py, the observer's

@@ -8,8 +8,8 @@ import threading
 import redis
 import structlog
 
-from worker.cluster.connect import ShardMoved
 from worker.connection import DOWN_ERRORS, Backoff
+from worker.run.redis_io import ShardMoved
 
 log = structlog.get_logger("conveyor.cancel")
 

@@ -10,7 +10,7 @@ Paths below are under worker/.
             a read for this lane's share of the room     (intake/stream_reader.py, intake/read_policy.py)
             leases, reclaims, trimming, cancel keys      (run/job_lease.py, run/consumer_lease.py,
                                                           recover/takeover_claim.py, intake/stream_trim.py)
-        the round on the I/O thread (run/redis_io.py)  ||  engine.step()
+        the round on the I/O thread (run/redis_io/)  ||  engine.step()
             (the engine never waits on Redis, except for a round that counts an attempt: that one is
             answered before the step that runs the job)
         each reply to whoever sent its command (jobs move on a stage), then the step's events

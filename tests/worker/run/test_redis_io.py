@@ -1,4 +1,4 @@
-"""run/redis_io.py against a real redis-server: one test per reply shape a round can get back."""
+"""run/redis_io/wire.py against a real redis-server: one test per reply shape a round can get back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one place the worker's rounds meet Redis's wire: one write per node and step, replies read back.
+"""Rounds on the wire: one write per node and step, replies read back.
 
 A round (round.py) is a list of recorded commands. `exchange` writes one or more rounds to one Redis
 node in one write, each round framed as its own MULTI ... EXEC, and reads every reply back:
@@ -8,10 +8,10 @@ node in one write, each round framed as its own MULTI ... EXEC, and reads every 
 
 Command names go out as bytes, and redis-py's reply callbacks (looked up by the name as a string) are
 applied here, once, to the replies inside EXEC's array, never to a +QUEUED. Per-command errors stay
-values. `exchange` is the fast path, the only code of the worker below redis-py's public API (a pooled
-connection's `send_packed_command` / `read_response`, packed by hiredis); `exchange_public` does the
-same over redis-py's public pipeline, which packs in Python and measured slower per round. `cut_off`
-(the drain bound on a frozen network) is the other reach below it: redis-py lists no pool's connections.
+values. `exchange` is the fast path, below redis-py's public API (a pooled connection's
+`send_packed_command` / `read_response`, packed by hiredis); `exchange_public` does the same over
+redis-py's public pipeline, which packs in Python and measured slower per round. `cut_off` (the drain
+bound on a frozen network) reaches below it too: redis-py lists no pool's connections.
 
 A worker's client must not re-send a round on its own: a round whose reply was lost may have been
 applied, and only the worker knows how to tolerate that (`Round.retried`, publish/publisher.py).
