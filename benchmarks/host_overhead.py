@@ -30,7 +30,7 @@ the logits`: bare steps whose sampler argmax is answered from a table of the sam
 beforehand (`host_without_logits_pass_ms`), the host work as a GPU would see it.
 
 With `--device-ms T` it measures instead what a GPU would see (benchmarks/simulated_device.py): the forward
-and the sampler's tensor math become an op of T ms on a background thread that runs while the host goes
+and the sampler's tensor math become an op of T ms on a simulated stream that runs while the host goes
 on; `--async-scheduling` turns overlap on. Per scenario ("greedy", "sampled": temperature, top-p, top-k,
 repetition penalty, a seed per request) it prints the mean step time, T and the device's idle fraction,
 and `--json PATH` writes them as a list of {"scenario", "device_ms", "step_ms", "device_idle"} records:

@@ -1,8 +1,8 @@
-"""A stand-in for a GPU: the model forward and the sampler's tensor math run on a background thread that
-takes `device_ms` per step, while the host goes on, as a CUDA stream does.
+"""A stand-in for a GPU: the model forward and the sampler's tensor math become ops of a simulated stream
+that take `device_ms` per step, while the host goes on, as a CUDA stream does.
 
-    host thread                                   device thread (FIFO, one op at a time)
-    runner.forward(step)  -> queue op, return     [ forward + sampling math: sleep device_ms ]
+    host                                          simulated stream (FIFO, one op at a time)
+    runner.forward(step)  -> queue op, return     [ forward + sampling math: device_ms ]
     sampler.launch(...)   -> host prep, queue op  [ the sampled ids: a function of the inputs ]
     SampledIds.read()     -> wait for that op     -> the ids, as the one device-to-host copy
 
@@ -15,8 +15,6 @@ does for them, are the same whatever the scheduling mode.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -31,45 +29,41 @@ from engine.sampling.seen_tokens import SeenTokens
 
 
 class SimulatedDevice:
-    """One FIFO stream on a background thread; records how long it was busy."""
+    """One FIFO stream on a clock: an op starts when it is queued or when the op before it ends, whichever
+    is later, and its result is readable `seconds` after it starts. Waiting for it sleeps until then.
+
+    Not a background thread: a thread would share the GIL with the host, which CPython hands over when
+    its holder blocks or releases it (sleeps, I/O, many torch ops) or else after the switch interval
+    (5 ms), so the stand-in's ops would end late while the host runs pure Python, and the host would stall
+    while the stand-in holds the GIL. A GPU has neither coupling. An op's function (the sampled ids)
+    runs on the waiting thread, as host time."""
 
     def __init__(self) -> None:
-        self._ops: queue.Queue[tuple[float, Callable[[], object], threading.Event, list] | None] = (
-            queue.Queue()
-        )
+        self._free_at = 0.0
         self.busy_s = 0.0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
     def submit(self, seconds: float, fn: Callable[[], object]) -> Callable[[], object]:
         """Queue an op taking `seconds`; returns a call that waits for its result."""
-        done, box = threading.Event(), []
-        self._ops.put((seconds, fn, done, box))
+        start = max(time.perf_counter(), self._free_at)
+        end = self._free_at = start + seconds
+        self.busy_s += seconds
+        box: list[object] = []
 
         def wait() -> object:
-            done.wait()
+            if not box:
+                if (left := end - time.perf_counter()) > 0:
+                    time.sleep(left)
+                box.append(fn())
             return box[0]
 
         return wait
 
-    def _run(self) -> None:
-        while (op := self._ops.get()) is not None:
-            seconds, fn, done, box = op
-            t0 = time.perf_counter()
-            end = t0 + seconds
-            while (left := end - time.perf_counter()) > 0:
-                time.sleep(left)
-            box.append(fn())
-            self.busy_s += time.perf_counter() - t0
-            done.set()
-
     def close(self) -> None:
-        self._ops.put(None)
-        self._thread.join()
+        pass
 
 
 class SimulatedSampler:
-    """TokenSampler: the host Sampler's per-step bookkeeping for real, the ids from the device thread."""
+    """TokenSampler: the host Sampler's per-step bookkeeping for real, the ids from the simulated stream."""
 
     def __init__(self, device: SimulatedDevice, vocab_ids: list[int]) -> None:
         self.device, self.vocab_ids = device, vocab_ids
