@@ -22,8 +22,8 @@
 #   gpu_e2e_cuda_graphs   the same with enable_cuda_graphs, Triton attention
 #   gpu_e2e_async the same with async_scheduling, Triton attention
 #   host_overhead benchmarks/host_overhead.py, few steps
-#   simulated_device  host_overhead.py --device-ms 5, synchronous and async scheduling (a stand-in device
-#                 thread: what the host leaves idle, independent of this GPU)
+#   simulated_device  host_overhead.py --device-ms 5, synchronous and async scheduling (a stand-in
+#                 stream: what the host leaves idle, independent of this GPU)
 #   gpu_e2e_tp2   tensor parallel 2 (only where >= 2 GPUs; that machine has one, so it reports why not)
 # A failed install or import stops the run: later steps would only report the same missing module.
 # Each step runs under `timeout` with its own limit, cut to what is left of the total budget. Logs and
