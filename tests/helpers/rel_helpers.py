@@ -134,9 +134,14 @@ class WorkerProc:
 
     def wait_started(self, timeout_s: float = 90) -> None:
         def started() -> bool:
-            if not self.alive():
+            # A worker may start and die before the next poll (a job that kills it): started all the same.
+            # Alive is read before the log, so a dead worker's log is complete when it is read.
+            alive = self.alive()
+            if b'"worker started"' in self.log.read_bytes():
+                return True
+            if not alive:
                 raise AssertionError(f"worker {self.consumer} exited: {self.log.read_text()[-3000:]}")
-            return b'"worker started"' in self.log.read_bytes()
+            return False
 
         wait_until(started, timeout_s, f"worker {self.consumer} to start", 0.05)
 
