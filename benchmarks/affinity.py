@@ -45,6 +45,7 @@ from worker.client import enqueue  # noqa: E402
 from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.fleet import registry  # noqa: E402
+from worker.fleet.home_shards import home_shards  # noqa: E402
 from worker.job_queue import Cursor, JobQueue, read_outputs  # noqa: E402
 from worker.keys import EVENT_FIELD, Keys  # noqa: E402
 from worker.shard_choice import choose_shard  # noqa: E402
@@ -103,13 +104,25 @@ def start_workers(args, url: str, model: str, keyed: bool, logs: Path) -> list[t
     return procs
 
 
-def wait_registered(client, count: int, timeout_s: float = 300) -> None:
+def wait_registered(client, count: int, shards: int | None, timeout_s: float = 300) -> None:
+    """Until `count` workers are live and, with affinity (`shards`), each record shows the home shards
+    rendezvous hashing gives it among all of them: no job is read under a start-up ownership that moves
+    (a worker idle on 12 lanes blocks ~100 ms on each, so it may see a peer a second late)."""
     deadline = time.monotonic() + timeout_s
-    while len(registry.live(registry.read(client, Keys()))) < count:
+    while not settled(registry.live(registry.read(client, Keys())), count, shards):
         if time.monotonic() > deadline:
-            sys.exit("affinity bench: the workers did not register")
+            sys.exit("affinity bench: the workers did not register, or their home shards did not settle")
         time.sleep(0.2)
-    time.sleep(1.5)  # every worker has read the registry (home shards settled)
+    time.sleep(1.5)  # the last refresh's heartbeat, and a margin
+
+
+def settled(records, count: int, shards: int | None) -> bool:
+    if len(records) < count:
+        return False
+    if shards is None:
+        return True
+    owned = home_shards(shards, [r.consumer for r in records])
+    return all(sorted(owned[r.consumer]) == r.home_shards for r in records)
 
 
 def counters(client) -> dict[str, int]:
@@ -174,7 +187,7 @@ def one_mode(args, url: str, model: str, tokenizer, keyed: bool, logs: Path) -> 
     mode = "with" if keyed else "without"
     procs = start_workers(args, url, model, keyed, logs)
     try:
-        wait_registered(client, args.workers)
+        wait_registered(client, args.workers, args.shards if keyed else None)
         queue = Queue(client, args.shards, keyed)
         rng = random.Random(7)
         prefixes = [
@@ -262,6 +275,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="12 prefixes x 4 jobs, pool of 5, 8 x 3 turns")
     parser.add_argument("--json", default=None, help="write {'with': {...}, 'without': {...}} here")
+    parser.add_argument("--logs", default=None, help="keep the workers' logs in this folder")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--shards", type=int, default=12)
@@ -288,9 +302,11 @@ def main() -> None:
     results = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            logs = Path(args.logs or tmp)
+            logs.mkdir(parents=True, exist_ok=True)
             for keyed in (False, True):
                 results["with" if keyed else "without"] = one_mode(
-                    args, server.url, model, tokenizer, keyed, Path(tmp)
+                    args, server.url, model, tokenizer, keyed, logs
                 )
     finally:
         server.stop()
@@ -313,7 +329,7 @@ def main() -> None:
         "targets with affinity: computed <= 0.4x, tok/s >= 1.5x, busiest/least <= 1.5, p99 queue <= without"
     )
     print("(wall-clock figures are noise on a loaded machine; prompt tokens computed is a count)")
-    setup = {k: v for k, v in vars(args).items() if k != "json"}
+    setup = {k: v for k, v in vars(args).items() if k not in ("json", "logs")}
     if args.json:
         Path(args.json).write_text(json.dumps({**results, "setup": setup}, indent=1) + "\n")
 

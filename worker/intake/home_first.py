@@ -18,6 +18,12 @@ hungry, and so does a lane that becomes home, so a worker reads its own backlog 
 changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as workers join and
 leave). What each read took is counted as taken from home or stolen (`from_home`, `stolen`).
 
+Stealing sticks to one victim lane: the lane stolen from last is stolen from again while its reads come
+back full and it stays stealable; only then does the worker pick another, the longest waiting of the
+hungry stealable lanes. A stolen job whose prefix the stealer has not cached recomputes it, so jobs
+stolen from one shard (a few prefixes) cost a few prefix computations, where stealing from every
+stealable shard in turn costs one per job (benchmarks/RESULTS.md, session 8).
+
 A shard whose home worker died becomes stealable, then another worker's home, within one registry TTL
 plus one interval (worker/fleet/home_watch.py): within one lease with the defaults.
 
@@ -38,6 +44,8 @@ class HomeFirst(ReadPolicy):
         self.stealable: set[int] | None = None  # None: every lane not home
         self.from_home = 0  # jobs read from home lanes
         self.stolen = 0  # jobs read from other lanes
+        self.victim: int | None = None  # the lane stolen from last, stolen from first while it has more
+        self.dry: set[int] = set()  # home lanes read short since a home lane last read full
 
     def move_home(self, home: set[int]) -> bool:
         """Read `home` first from the next round on; returns whether the set changed."""
@@ -51,6 +59,20 @@ class HomeFirst(ReadPolicy):
     def read_back(self, lane: int, asked: int, got: int) -> None:
         super().read_back(lane, asked, got)
         self._count(lane, got)
+        if lane in self.home:
+            if got >= asked:
+                self.dry.clear()  # work at home: the other home lanes may have some too by now
+            else:
+                self.dry.add(lane)
+
+    def set_stealable(self, lanes: set[int]) -> None:
+        """Lanes whose owner has no room or has left (worker/fleet/home_watch.py). A lane that becomes
+        stealable starts hungry, so the worker tries it in its next round instead of waiting for an idle
+        turn on it or for patience's probe."""
+        before = set(range(self.lanes)) if self.stealable is None else self.stealable
+        for k in set(lanes) - before - self.home:
+            self.hungry[k] = True
+        self.stealable = set(lanes)
 
     def may_steal(self, lane: int) -> bool:
         return lane not in self.home and (self.stealable is None or lane in self.stealable)
@@ -73,6 +95,10 @@ class HomeFirst(ReadPolicy):
 
     def idle_read(self, lane: int, got: int) -> None:
         self._count(lane, got)
+        if got:  # it had entries, maybe more: the next rounds read it (a stolen one is stolen from again)
+            self.hungry[lane] = True
+            if self.may_steal(lane):
+                self.victim = lane
 
     def _count(self, lane: int, got: int) -> None:
         if lane in self.home:
@@ -89,7 +115,17 @@ class HomeFirst(ReadPolicy):
             for i, k in enumerate(hungry_home):
                 shares[k] = each + (1 if i < extra else 0)
             return shares
-        others = self.by_wait([k for k in range(self.lanes) if k not in self.home and self.hungry[k]])
+        others = self.by_wait([k for k in range(self.lanes) if self.hungry[k] and self.may_steal(k)])
+        unchecked = [k for k in home if k not in self.dry]
+        if others and unchecked:  # before stealing, read the home lanes not found empty since home had work
+            each, extra = divmod(room, len(unchecked))
+            for i, k in enumerate(unchecked):
+                shares[k] = each + (1 if i < extra else 0)
+            return shares
+        if self.victim in others:  # keep stealing from the same lane (its prefixes are cached here now)
+            others.remove(self.victim)
+            others.insert(0, self.victim)
+        self.victim = others[0] if others else self.victim
         if not others:
             shares[(home or self.by_wait(list(range(self.lanes))))[0]] = room
             return shares
