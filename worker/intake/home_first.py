@@ -2,9 +2,10 @@
 
 Home lanes (chosen elsewhere, e.g. by rendezvous hashing over the live workers) take the room while any
 of them is hungry (its last read was full), split evenly between the hungry ones, any remainder to the
-longest waiting. Only when no home lane is hungry does the worker steal: each home lane is probed with
-one entry (new work there is seen within a round), and the rest goes to the hungry lanes of other shards,
-the longest waiting first. With no lane hungry at all (short queues), the longest waiting home lane
+longest waiting. When none is, the home lanes not read empty since a home lane last came back full
+(`dry`) are read first: a lane read short long ago may have a backlog by now. Only then does the worker
+steal: each home lane is probed with one entry (new work there is seen within a round), and the rest goes
+to a hungry stealable lane (below). With no lane hungry at all (short queues), the longest waiting home lane
 reads all the room (a worker with no home lane, when there are more workers than shards: the longest
 waiting lane).
 
@@ -27,8 +28,9 @@ stealable shard in turn costs one per job (benchmarks/RESULTS.md, session 8).
 A shard whose home worker died becomes stealable, then another worker's home, within one registry TTL
 plus one interval (worker/fleet/home_watch.py): within one lease with the defaults.
 
-    room 6, home {0, 1}, hungry {1, 2}        ->  [0, 6, 0]
-    room 6, home {0, 1}, hungry {2}           ->  [1, 1, 4]
+    room 6, home {0, 1}, hungry {1, 2}                  ->  [0, 6, 0]
+    room 6, home {0, 1}, hungry {2}, lane 0 not read    ->  [6, 0, 0]
+    room 6, home {0, 1}, hungry {2}, both read empty    ->  [1, 1, 4]
 """
 
 from __future__ import annotations
