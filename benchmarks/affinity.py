@@ -3,7 +3,8 @@ affinity, in one run.
 
     python benchmarks/affinity.py                    # the issue's scale (see below)
     python benchmarks/affinity.py --quick            # a third of the prefixes, half the jobs, a third of the pool
-    python benchmarks/affinity.py --json out.json    # {"with": {...}, "without": {...}}
+    python benchmarks/affinity.py --json out.json    # {"with": {...}, "without": {...}, "runs": [...]}
+    python benchmarks/affinity.py --repeats 3        # 3 runs of both modes (ABBA order): medians
 
 Setup: a redis-server of its own, 3 `conveyor worker` processes (the tiny model, one torch thread each,
 --shards S on one Redis), each with a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct
@@ -19,7 +20,9 @@ looked up minus found in the prefix cache) against received, output tok/s, jobs 
 workers' "job finished" log lines), p99 queue wait (the done events' queue_ms), and the multi-turn hit
 rate. Prompt tokens computed is a count and holds on a loaded machine; the wall-clock figures do not.
 Targets with affinity: computed <= 0.4x without, tok/s >= 1.5x, busiest/least busy worker <= 1.5,
-p99 queue wait no worse than without.
+p99 queue wait no worse than without. With --repeats, the modes run in ABBA order and each figure is
+the median over the runs, each ratio the median of the runs' ratios (runs of 2-4 s on shared cores: one
+run's tok/s ratio ranged 0.7x-2.0x in session 8).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,11 +49,13 @@ from worker.client import enqueue  # noqa: E402
 from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.fleet import registry  # noqa: E402
+from worker.fleet.home_shards import home_shards  # noqa: E402
 from worker.job_queue import Cursor, JobQueue, read_outputs  # noqa: E402
 from worker.keys import EVENT_FIELD, Keys  # noqa: E402
 from worker.shard_choice import choose_shard  # noqa: E402
 
 GROUP = "bench"
+MODES = ("without", "with")
 WORDS = (
     "harbour ledger cargo tide lantern keeper river stone cloud paper engine token stream worker lease claim "
     "north south copper salt timber grain wool spice amber cedar falcon meadow quarry signal anchor"
@@ -103,13 +109,25 @@ def start_workers(args, url: str, model: str, keyed: bool, logs: Path) -> list[t
     return procs
 
 
-def wait_registered(client, count: int, timeout_s: float = 300) -> None:
+def wait_registered(client, count: int, shards: int | None, timeout_s: float = 300) -> None:
+    """Until `count` workers are live and, with affinity (`shards`), each record shows the home shards
+    rendezvous hashing gives it among all of them: no job is read under a start-up ownership that moves
+    (a worker idle on 12 lanes blocks ~100 ms on each, so it may see a peer a second late)."""
     deadline = time.monotonic() + timeout_s
-    while len(registry.live(registry.read(client, Keys()))) < count:
+    while not settled(registry.live(registry.read(client, Keys())), count, shards):
         if time.monotonic() > deadline:
-            sys.exit("affinity bench: the workers did not register")
+            sys.exit("affinity bench: the workers did not register, or their home shards did not settle")
         time.sleep(0.2)
-    time.sleep(1.5)  # every worker has read the registry (home shards settled)
+    time.sleep(1.5)  # the last refresh's heartbeat, and a margin
+
+
+def settled(records, count: int, shards: int | None) -> bool:
+    if len(records) < count:
+        return False
+    if shards is None:
+        return True
+    owned = home_shards(shards, [r.consumer for r in records])
+    return all(sorted(owned[r.consumer]) == r.home_shards for r in records)
 
 
 def counters(client) -> dict[str, int]:
@@ -174,7 +192,7 @@ def one_mode(args, url: str, model: str, tokenizer, keyed: bool, logs: Path) -> 
     mode = "with" if keyed else "without"
     procs = start_workers(args, url, model, keyed, logs)
     try:
-        wait_registered(client, args.workers)
+        wait_registered(client, args.workers, args.shards if keyed else None)
         queue = Queue(client, args.shards, keyed)
         rng = random.Random(7)
         prefixes = [
@@ -262,6 +280,8 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="12 prefixes x 4 jobs, pool of 5, 8 x 3 turns")
     parser.add_argument("--json", default=None, help="write {'with': {...}, 'without': {...}} here")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of both modes, reported as medians")
+    parser.add_argument("--logs", default=None, help="keep the workers' logs in this folder")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--shards", type=int, default=12)
@@ -285,37 +305,61 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     server = local_redis.start()
-    results = {}
+    runs: list[dict] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for keyed in (False, True):
-                results["with" if keyed else "without"] = one_mode(
-                    args, server.url, model, tokenizer, keyed, Path(tmp)
-                )
+            for r in range(args.repeats):
+                logs = Path(args.logs or tmp) / (f"run{r}" if args.repeats > 1 else "")
+                logs.mkdir(parents=True, exist_ok=True)
+                run = {}
+                for keyed in (False, True) if r % 2 == 0 else (True, False):  # ABBA: drift cancels
+                    run["with" if keyed else "without"] = one_mode(
+                        args, server.url, model, tokenizer, keyed, logs
+                    )
+                runs.append(run)
     finally:
         server.stop()
-    w, wo = results["with"], results["without"]
-    spread = max(w["jobs_per_worker"]) / max(1, min(w["jobs_per_worker"]))
-    print(f"{'':28}{'without':>12}{'with':>12}{'ratio':>8}")
-    for name in (
-        "prompt_tokens_received",
-        "prompt_tokens_computed",
-        "tok_s",
-        "p99_queue_ms",
-        "multi_turn_hit_rate",
-    ):
-        ratio = w[name] / wo[name] if wo[name] else float("nan")
-        print(f"{name:28}{wo[name]:12.3f}{w[name]:12.3f}{ratio:8.2f}")
-    print(
-        f"{'jobs_per_worker':28}{str(wo['jobs_per_worker']):>12}{str(w['jobs_per_worker']):>12}{spread:8.2f}"
-    )
+    report(args, runs)
+
+
+FIGURES = ("prompt_tokens_received", "prompt_tokens_computed", "tok_s", "p99_queue_ms", "multi_turn_hit_rate")
+
+
+def spread(jobs_per_worker: list[int]) -> float:
+    return max(jobs_per_worker) / max(1, min(jobs_per_worker))
+
+
+def report(args, runs: list[dict]) -> None:
+    """Per figure the median over the runs of each mode, and the median of the per-run ratios (a run
+    pairs the two modes, minutes apart at most: on a shared machine the load drifts between runs)."""
+    ratios = {
+        name: [
+            run["with"][name] / run["without"][name] if run["without"][name] else float("nan") for run in runs
+        ]
+        for name in FIGURES
+    }
+    ratios["busiest_least"] = [spread(run["with"]["jobs_per_worker"]) for run in runs]
+    median = {
+        mode: {name: statistics.median(run[mode][name] for run in runs) for name in FIGURES} for mode in MODES
+    }
+    for mode in MODES:
+        median[mode]["jobs_per_worker"] = [run[mode]["jobs_per_worker"] for run in runs]
+    print(f"{'':28}{'without':>12}{'with':>12}{'ratio':>8}   ({len(runs)} run(s): medians)")
+    for name in FIGURES:
+        wo, w = median["without"][name], median["with"][name]
+        print(f"{name:28}{wo:12.3f}{w:12.3f}{statistics.median(ratios[name]):8.2f}")
+    print(f"{'busiest/least (with)':52}{statistics.median(ratios['busiest_least']):8.2f}")
+    if len(runs) > 1:
+        for name in ("prompt_tokens_computed", "tok_s", "p99_queue_ms", "busiest_least"):
+            print(f"  per run, {name}: {', '.join(f'{x:.2f}' for x in ratios[name])}")
     print(
         "targets with affinity: computed <= 0.4x, tok/s >= 1.5x, busiest/least <= 1.5, p99 queue <= without"
     )
     print("(wall-clock figures are noise on a loaded machine; prompt tokens computed is a count)")
-    setup = {k: v for k, v in vars(args).items() if k != "json"}
+    setup = {k: v for k, v in vars(args).items() if k not in ("json", "logs")}
     if args.json:
-        Path(args.json).write_text(json.dumps({**results, "setup": setup}, indent=1) + "\n")
+        out = {**median, "ratios": ratios, "runs": runs, "setup": setup}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

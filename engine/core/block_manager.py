@@ -60,6 +60,10 @@ class KVBlockManager:
         self._hashes: dict[str, list[BlockHash]] = {}
         # How many leading blocks of the table are already registered in the prefix cache.
         self._num_registered: dict[str, int] = {}
+        # Full blocks an admitted request computes itself (from its cached prefix up to this index); the
+        # hashes of those not registered yet are `_computing`, with how many requests compute each.
+        self._compute_end: dict[str, int] = {}
+        self._computing: dict[BlockHash, int] = {}
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -112,6 +116,18 @@ class KVBlockManager:
             hits.append(block)
         return CachedPrefix(tuple(hits), len(hits) * bs)
 
+    def num_tokens_computing(self, request: Request, cached: CachedPrefix) -> int:
+        """Tokens of the request's full blocks right after its cached prefix that admitted requests are
+        computing now: were it admitted once they are registered, it would find them cached instead of
+        computing them again. Call after get_computed_blocks."""
+        if not self._computing:
+            return 0
+        hashes = self._hashes.get(request.request_id, ())
+        i = n = len(cached.blocks)
+        while n < len(hashes) and hashes[n] in self._computing:
+            n += 1
+        return (n - i) * self.block_size
+
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached: CachedPrefix = NO_PREFIX
     ) -> Allocation | None:
@@ -135,6 +151,8 @@ class KVBlockManager:
             self._num_registered[rid] = len(cached.blocks)
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += cached.num_tokens
+            if self.enable_prefix_caching:
+                self._will_compute(request, len(cached.blocks))
         # Touch hits before taking new blocks, else the LRU eviction could hand out a hit block.
         for block in cached.blocks:
             self.pool.touch(block)
@@ -166,6 +184,7 @@ class KVBlockManager:
             block = self.pool.blocks[table[i]]
             if block.block_hash is None:
                 self.pool.cache(block, hashes[i], tokens[i * bs : (i + 1) * bs])
+        self._computed(hashes, start, min(end, self._compute_end.get(rid, 0)))
         self._num_registered[rid] = end
 
     def fork(self, parent: Request, child: Request) -> Fork | None:
@@ -195,8 +214,8 @@ class KVBlockManager:
     def free(self, request: Request) -> None:
         """Return every block of the request, tail first, so tails are evicted before shared prefixes."""
         rid = request.request_id
-        self._hashes.pop(rid, None)
-        self._num_registered.pop(rid, None)
+        hashes = self._hashes.pop(rid, [])
+        self._computed(hashes, self._num_registered.pop(rid, 0), self._compute_end.pop(rid, 0))
         table = self.tables.pop(rid, None)
         if table is None:
             return
@@ -210,8 +229,30 @@ class KVBlockManager:
             for block_id in table:
                 holders[block_id] = holders.get(block_id, 0) + 1
         self.pool.check_invariants(holders)
+        computing: dict[BlockHash, int] = {}
+        for rid, end in self._compute_end.items():
+            for h in self._hashes[rid][self._num_registered[rid] : end]:
+                computing[h] = computing.get(h, 0) + 1
+        assert computing == self._computing, "blocks counted as being computed disagree with the tables"
 
     # ------------------------------------------------------------------ helpers
+
+    def _will_compute(self, request: Request, first: int) -> None:
+        """An admitted request computes its full blocks from index `first` (after its cached prefix)."""
+        end = request.num_tokens // self.block_size
+        hashes = self._ensure_hashes(request, end)
+        self._compute_end[request.request_id] = end
+        for h in hashes[first:end]:
+            self._computing[h] = self._computing.get(h, 0) + 1
+
+    def _computed(self, hashes: list[BlockHash], start: int, end: int) -> None:
+        """Blocks start..end-1 of a request are registered now, or will never be (it was freed)."""
+        for h in hashes[start:end]:
+            left = self._computing[h] - 1
+            if left:
+                self._computing[h] = left
+            else:
+                del self._computing[h]
 
     def _ensure_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         hashes = self._hashes.setdefault(request.request_id, [])

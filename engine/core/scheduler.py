@@ -4,7 +4,9 @@ Each step every running request is offered `num_tokens - num_computed_tokens` ne
 a prefill chunk is whatever the budget leaves), so chunked prefill, decode and recompute after
 preemption are one rule. When the pool runs dry the last request of `running` is preempted: `running`
 is kept in admission order (FCFS) or by (priority, arrival) so that request is always the least
-deserving one, and it has not been scheduled yet in this step.
+deserving one, and it has not been scheduled yet in this step. A waiting request whose next prompt
+blocks another admitted request is computing right now is passed over until they are cached
+(DEFER_MIN_TOKENS), so jobs of one prefix that arrive together compute it once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from engine.errors import RejectReason, RequestRejected
 __all__ = ["RequestRejected", "Scheduler", "SchedulerStats"]
 
 _RUNNING = RequestStatus.RUNNING
+# A waiting request whose next this many prompt tokens (or more) are being computed by an admitted request
+# waits until they are cached (a step, or a chunked prefill's steps) instead of computing them again beside
+# it: two jobs of one prefix read together compute it once. SGLang's scheduler deprioritizes such a
+# request the same way (in-batch prefix caching, 32 tokens).
+DEFER_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -157,11 +164,15 @@ class Scheduler:
             firsts = zip(self.waiting, range(cfg.max_num_seqs), strict=False)
             self._static_batch = {r.group_id for r, _ in firsts}
         num_seqs = len(running) + len(step.forked) + self.forks.reserved_slots()
+        deferred: list[Request] = []  # their next block is being computed: admitted in a later step
         while self.waiting and budget > 0 and num_seqs < cfg.max_num_seqs and not step.preempted:
             request = self.waiting.peek()
             if static and request.group_id not in self._static_batch:
                 break
             cached = self.kv.get_computed_blocks(request)
+            if self.kv.num_tokens_computing(request, cached) >= DEFER_MIN_TOKENS:
+                deferred.append(self.waiting.pop())
+                continue
             n = min(request.num_tokens - cached.num_tokens, budget)
             if self.kv.allocate_slots(request, n, cached) is None:
                 break
@@ -173,6 +184,8 @@ class Scheduler:
             self._schedule(request, n, request.num_tokens, step)
             budget -= n
 
+        for request in reversed(deferred):
+            self.waiting.add_front(request)
         for sibling in step.forked:
             self._add_running(sibling)
         for sibling in reversed(step.unforked):

@@ -312,3 +312,36 @@ def test_free_capacity_counts_slots_and_evictable_blocks():
     add_all(sched, make_requests(3, 4, 8))
     run_step(sched)
     assert sched.free_capacity() == (1, 7)
+
+
+def test_a_request_whose_prefix_is_being_computed_waits_for_it_instead_of_computing_it_again():
+    sched = make_scheduler()
+    prompt = list(range(40))  # 10 blocks of 4: at least DEFER_MIN_TOKENS of them being computed
+    a, b = make_request("a", prompt, 2), make_request("b", prompt + [7], 2)
+    c = make_request("c", [900 + i for i in range(8)], 2)
+    add_all(sched, [a, b, c])
+    out, _ = run_step(sched)
+    assert work(out) == {"a": 40, "c": 8}  # b waits a step; c, behind it, is not held up
+    assert [r.request_id for r in sched.waiting] == ["b"]
+    out, _ = run_step(sched)
+    assert work(out)["b"] == 1 and b.num_cached_tokens == 40  # the prefix computed once
+    assert sched.stats().prefix_cache_hits == 40
+
+
+def test_the_wait_lasts_a_chunked_prefill_and_ends_when_the_computing_request_goes():
+    sched = make_scheduler(max_num_batched_tokens=16)
+    prompt = list(range(40))
+    a, b = make_request("a", prompt, 2), make_request("b", prompt, 2)
+    add_all(sched, [a, b])
+    assert [list(work(run_step(sched)[0])) for _ in range(2)] == [["a"], ["a"]]  # a's chunks of 16
+    sched.abort_request("a")  # its blocks will never be registered: b computes them itself
+    out, _ = run_step(sched)
+    assert work(out) == {"b": 8} and b.num_cached_tokens == 32  # the two chunks a registered
+    sched.check_invariants()
+
+
+def test_a_short_shared_prefix_is_computed_beside_it_without_waiting():
+    sched = make_scheduler()
+    add_all(sched, [make_request("a", list(range(12)), 2), make_request("b", list(range(12)), 2)])
+    out, _ = run_step(sched)
+    assert work(out) == {"a": 12, "b": 12}  # 8 tokens shared: less than a step's wait is worth

@@ -84,12 +84,14 @@ class HomeWatch:
         records = {r.consumer: r for r in registry.live(members)}
         full = {name for name, r in records.items() if r.waiting > 0 or r.running >= r.capacity}
         # Shards whose owner has no room, or has left (its record lapsed): their jobs would wait.
-        self.policy.stealable = {
-            k
-            for name, mine in owned.items()
-            if name != self.consumer and (name in full or name not in records)
-            for k in mine
-        }
+        self.policy.set_stealable(
+            {
+                k
+                for name, mine in owned.items()
+                if name != self.consumer and (name in full or name not in records)
+                for k in mine
+            }
+        )
         changed = self.policy.move_home(home) and self._last_home is not None  # not the first set
         self._last_home = home
         if changed:

@@ -2,9 +2,10 @@
 
 Home lanes (chosen elsewhere, e.g. by rendezvous hashing over the live workers) take the room while any
 of them is hungry (its last read was full), split evenly between the hungry ones, any remainder to the
-longest waiting. Only when no home lane is hungry does the worker steal: each home lane is probed with
-one entry (new work there is seen within a round), and the rest goes to the hungry lanes of other shards,
-the longest waiting first. With no lane hungry at all (short queues), the longest waiting home lane
+longest waiting. When none is, the home lanes not read empty since a home lane last came back full
+(`dry`) are read first: a lane read short long ago may have a backlog by now. Only then does the worker
+steal: each home lane is probed with one entry (new work there is seen within a round), and the rest goes
+to a hungry stealable lane (below). With no lane hungry at all (short queues), the longest waiting home lane
 reads all the room (a worker with no home lane, when there are more workers than shards: the longest
 waiting lane).
 
@@ -18,11 +19,18 @@ hungry, and so does a lane that becomes home, so a worker reads its own backlog 
 changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as workers join and
 leave). What each read took is counted as taken from home or stolen (`from_home`, `stolen`).
 
+Stealing sticks to one victim lane: the lane stolen from last is stolen from again while its reads come
+back full and it stays stealable; only then does the worker pick another, the longest waiting of the
+hungry stealable lanes. A stolen job whose prefix the stealer has not cached recomputes it, so jobs
+stolen from one shard (a few prefixes) cost a few prefix computations, where stealing from every
+stealable shard in turn costs one per job (benchmarks/RESULTS.md, session 8).
+
 A shard whose home worker died becomes stealable, then another worker's home, within one registry TTL
 plus one interval (worker/fleet/home_watch.py): within one lease with the defaults.
 
-    room 6, home {0, 1}, hungry {1, 2}        ->  [0, 6, 0]
-    room 6, home {0, 1}, hungry {2}           ->  [1, 1, 4]
+    room 6, home {0, 1}, hungry {1, 2}                  ->  [0, 6, 0]
+    room 6, home {0, 1}, hungry {2}, lane 0 not read    ->  [6, 0, 0]
+    room 6, home {0, 1}, hungry {2}, both read empty    ->  [1, 1, 4]
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ class HomeFirst(ReadPolicy):
         self.stealable: set[int] | None = None  # None: every lane not home
         self.from_home = 0  # jobs read from home lanes
         self.stolen = 0  # jobs read from other lanes
+        self.victim: int | None = None  # the lane stolen from last, stolen from first while it has more
+        self.dry: set[int] = set()  # home lanes read short since a home lane last read full
 
     def move_home(self, home: set[int]) -> bool:
         """Read `home` first from the next round on; returns whether the set changed."""
@@ -51,6 +61,20 @@ class HomeFirst(ReadPolicy):
     def read_back(self, lane: int, asked: int, got: int) -> None:
         super().read_back(lane, asked, got)
         self._count(lane, got)
+        if lane in self.home:
+            if got >= asked:
+                self.dry.clear()  # work at home: the other home lanes may have some too by now
+            else:
+                self.dry.add(lane)
+
+    def set_stealable(self, lanes: set[int]) -> None:
+        """Lanes whose owner has no room or has left (worker/fleet/home_watch.py). A lane that becomes
+        stealable starts hungry, so the worker tries it in its next round instead of waiting for an idle
+        turn on it or for patience's probe."""
+        before = set(range(self.lanes)) if self.stealable is None else self.stealable
+        for k in set(lanes) - before - self.home:
+            self.hungry[k] = True
+        self.stealable = set(lanes)
 
     def may_steal(self, lane: int) -> bool:
         return lane not in self.home and (self.stealable is None or lane in self.stealable)
@@ -73,6 +97,10 @@ class HomeFirst(ReadPolicy):
 
     def idle_read(self, lane: int, got: int) -> None:
         self._count(lane, got)
+        if got:  # it had entries, maybe more: the next rounds read it (a stolen one is stolen from again)
+            self.hungry[lane] = True
+            if self.may_steal(lane):
+                self.victim = lane
 
     def _count(self, lane: int, got: int) -> None:
         if lane in self.home:
@@ -89,7 +117,17 @@ class HomeFirst(ReadPolicy):
             for i, k in enumerate(hungry_home):
                 shares[k] = each + (1 if i < extra else 0)
             return shares
-        others = self.by_wait([k for k in range(self.lanes) if k not in self.home and self.hungry[k]])
+        others = self.by_wait([k for k in range(self.lanes) if self.hungry[k] and self.may_steal(k)])
+        unchecked = [k for k in home if k not in self.dry]
+        if others and unchecked:  # before stealing, read the home lanes not found empty since home had work
+            each, extra = divmod(room, len(unchecked))
+            for i, k in enumerate(unchecked):
+                shares[k] = each + (1 if i < extra else 0)
+            return shares
+        if self.victim in others:  # keep stealing from the same lane (its prefixes are cached here now)
+            others.remove(self.victim)
+            others.insert(0, self.victim)
+        self.victim = others[0] if others else self.victim
         if not others:
             shares[(home or self.by_wait(list(range(self.lanes))))[0]] = room
             return shares

@@ -88,6 +88,24 @@ def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     assert hb.record.tokens_out_per_s == 0 and hb.record.tokens_in_per_s == 0
 
 
+def test_each_beat_shows_the_running_and_waiting_jobs_the_loop_saw_last():
+    # update() comes about once a second; peers steal by running/waiting (home_watch.py), so the loop's
+    # frequent load() is what the next beat writes, and whichever of the two came last wins.
+    class Client:
+        def pipeline(self, transaction):
+            return type("Pipe", (), {"__getattr__": lambda self, name: lambda *a, **k: None})()
+
+    hb = heartbeat(Client())
+    hb.update(stats(num_running=3), stepped=True)
+    hb.load(8, 2)
+    assert (hb.record.running, hb.record.waiting) == (3, 0)  # not before the beat
+    hb.beat()
+    assert (hb.record.running, hb.record.waiting) == (8, 2)
+    hb.update(stats(num_running=0), stepped=True)
+    hb.beat()
+    assert (hb.record.running, hb.record.waiting) == (0, 0)
+
+
 def test_jobs_per_second_and_the_latest_ttfts_ride_in_the_record():
     hb = heartbeat(None)
     hb.update(stats(), stepped=True)

@@ -162,6 +162,8 @@ def test_home_lanes_first_and_stealing_only_when_home_lanes_are_short():
     policy.hungry = [False, True, True]
     assert policy.shares(6) == [0, 6, 0]  # home lane 1 has work: no stealing
     policy.read_back(1, asked=6, got=3)  # drained
+    assert policy.shares(6) == [6, 0, 0]  # home lane 0, not read since home had work, is read first
+    policy.read_back(0, asked=6, got=0)  # every home lane found empty: now the worker steals
     assert policy.shares(6) == [1, 1, 4]  # home lanes probed, the rest stolen from lane 2
     policy.hungry = [False, False, False]
     assert policy.shares(6) in ([6, 0, 0], [0, 6, 0])  # short queues: one home lane reads it all
@@ -186,6 +188,7 @@ def test_no_stealing_while_home_has_work_and_only_from_stealable_lanes():
 
 def test_home_lanes_move_at_run_time_and_reads_are_counted_as_home_or_stolen():
     policy = HomeFirst(3, {0}, patience=100)
+    policy.read_back(0, asked=4, got=0)
     policy.hungry = [False, True, False]
     assert policy.shares(4) == [1, 3, 0]  # home lane 0 probed, lane 1 stolen from
     policy.read_back(0, asked=1, got=0)
@@ -197,6 +200,34 @@ def test_home_lanes_move_at_run_time_and_reads_are_counted_as_home_or_stolen():
     assert (policy.from_home, policy.stolen) == (2, 3)
     with pytest.raises(ValueError):
         policy.move_home({3})
+
+
+def test_stealing_sticks_to_one_lane_while_it_has_more():
+    # Jobs stolen from one shard share its few prefixes; stealing from each shard in turn computes a
+    # prefix per stolen job at the stealer.
+    policy = HomeFirst(4, {0}, patience=100)
+    backlog = [0, 10, 10, 10]
+    feed(policy, policy.shares(4), backlog)  # home lane 0 read dry
+    policy.hungry = [False, True, True, True]
+    taken = [feed(policy, policy.shares(4), backlog) for _ in range(6)]
+    # Lane 1 (the longest waiting) until it runs short, then lane 2, though lane 3 has waited longer.
+    assert taken[:4] == [[0, 3, 0, 0], [0, 3, 0, 0], [0, 3, 0, 0], [0, 1, 0, 0]]
+    assert taken[4:] == [[0, 0, 3, 0], [0, 0, 3, 0]] and policy.victim == 2
+
+
+def test_a_lane_that_becomes_stealable_or_yields_an_idle_read_is_read_next():
+    policy = HomeFirst(4, {0}, patience=100)
+    policy.set_stealable(set())  # every peer has room
+    policy.set_stealable({2})  # lane 2's owner has none now
+    assert policy.hungry == [True, False, True, False]  # lane 2 tried at once, not after an idle turn
+    policy.set_stealable({2, 3})
+    assert policy.hungry[3] and policy.stealable == {2, 3}
+    policy.hungry = [False, False, False, False]
+    policy.idle_read(3, got=1)  # an idle wait took one job from lane 3: the next rounds steal more there
+    assert policy.hungry[3] and policy.victim == 3 and policy.stolen == 1
+    policy.read_back(0, asked=1, got=0)
+    policy.hungry[2] = True
+    assert policy.shares(4) == [1, 0, 0, 3]
 
 
 def test_a_worker_without_home_lanes_only_steals():
