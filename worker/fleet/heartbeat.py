@@ -82,9 +82,9 @@ class Heartbeat:
         # Cumulative engine counters at the last rate computation: (monotonic s, tokens out, tokens in).
         self._rate_base: tuple[float, int, int] | None = None
         self._jobs_finished = 0  # since the last rate computation
-        # (running, waiting) as the loop saw them last (load()), written at the next beat: fresher than
-        # update()'s, which the loop calls about once a second.
-        self._load: tuple[int, int] | None = None
+        # running, waiting and KV blocks used as the loop saw them last (load()), written at the next beat:
+        # fresher than update()'s, which the loop calls about once a second.
+        self._load: dict[str, int] | None = None
         self._ttfts: deque[int] = deque(maxlen=TTFT_KEPT)
 
     def first_token(self, ttft_ms: float) -> None:
@@ -124,13 +124,18 @@ class Heartbeat:
             self._rate_base = (now, out_total, in_total)
         with self._lock:
             self.record = self.record.model_copy(update=changes)
-            self._load = (stats.num_running, stats.num_waiting)
+            self._load = None
 
-    def load(self, running: int, waiting: int) -> None:
-        """The engine's running and waiting jobs now (the loop, often): shown from the next beat. Peers
-        steal from a worker without room by them (worker/fleet/home_watch.py), so they must not lag a
-        second behind the beat."""
-        self._load = (running, waiting)
+    def load(self, stats: EngineStats) -> None:
+        """The engine's running and waiting jobs and KV use now (the loop, often): shown from the next
+        beat. Peers steal from a worker without room by them (worker/fleet/home_watch.py), so they must
+        not lag a second behind the beat; the KV use comes along so that a record never shows jobs
+        running in an empty KV pool."""
+        self._load = {
+            "running": stats.num_running,
+            "waiting": stats.num_waiting,
+            "kv_blocks_used": stats.num_kv_blocks_used,
+        }
 
     def set_home_shards(self, shards: list[int]) -> None:
         """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
@@ -159,7 +164,7 @@ class Heartbeat:
         with self._lock:
             changes: dict = {"heartbeat_ms": at, "draining": self.draining()}
             if self._load is not None:
-                changes["running"], changes["waiting"] = self._load
+                changes.update(self._load)
             last = self.record.last_step_ms
             if last is None or at - last > IDLE_MS:  # idle: not the rates of the last busy second
                 changes.update(tokens_out_per_s=0.0, tokens_in_per_s=0.0, jobs_per_s=0.0)

@@ -18,7 +18,7 @@ from worker.run.job_record import InFlight
 from worker.run.metrics import Metrics
 
 log = structlog.get_logger("conveyor.worker")
-# The registry record's running/waiting are refreshed this often (Heartbeat.load): peers decide whether
+# The registry record's running/waiting/KV use are refreshed this often (Heartbeat.load): peers decide whether
 # this worker's shards may be stolen by them (worker/fleet/home_watch.py).
 LOAD_EVERY_S = 0.05
 
@@ -37,7 +37,7 @@ class Observer:
         self.metrics = metrics
         self.heartbeat = heartbeat  # the registry record (worker/fleet/heartbeat.py), when registered
         self._last_rate = time.monotonic()
-        self._last_load = 0.0  # when the heartbeat was last given the engine's running/waiting
+        self._last_load = 0.0  # when the heartbeat was last given the engine's running/waiting/KV use
         self._tokens_since_rate = 0
         self._prompt_counts = (0, 0)  # the engine's (received, computed) prompt tokens last reported
 
@@ -91,8 +91,7 @@ class Observer:
         now = time.monotonic()
         if self.heartbeat is not None and now - self._last_load >= LOAD_EVERY_S:
             self._last_load = now
-            load = engine.stats()
-            self.heartbeat.load(load.num_running, load.num_waiting)
+            self.heartbeat.load(engine.stats())
         if now - self._last_rate < 1.0:
             # The last step of a busy spell: the registry must not keep showing its running jobs.
             if self.heartbeat is not None and busy and not engine.has_unfinished_requests():

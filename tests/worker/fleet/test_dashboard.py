@@ -103,7 +103,10 @@ def test_charts_show_non_zero_series_after_the_fleet_served_jobs(redis_server, r
             enqueue(r, _job(f"j{k}") | ({"tenant": "acme"} if k % 2 else {}))
         # The page charts only what it polls after it loads, and the worker may clear 24 jobs before
         # Chromium has started: jobs are topped up while it runs, so the backlog it polls is never empty.
+        # Chromium's virtual time runs the page's polls within about a second, a beat or two of the
+        # registry: it starts once the worker's record shows it busy.
         with backlog_kept(r, Keys().requests):
+            wait_until(lambda: _busy(r), 30, "the worker's record to show it busy", 0.05)
             dom = chromium(base + "/", "--dump-dom")
         found = Series()
         found.feed(dom)
@@ -134,13 +137,20 @@ def test_charts_show_non_zero_series_after_the_fleet_served_jobs(redis_server, r
                 proc.wait()
 
 
-def _job(job_id: str) -> dict:
-    return {"id": job_id, "prompt": "hello", "max_tokens": 30, "ignore_eos": True}
+def _busy(r) -> bool:
+    records = registry.live(registry.read(r, Keys()))
+    return any(x.running > 0 and x.kv_blocks_used > 0 and x.tokens_out_per_s > 0 for x in records)
+
+
+def _job(job_id: str, max_tokens: int = 30) -> dict:
+    return {"id": job_id, "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True}
 
 
 @contextmanager
 def backlog_kept(r, stream: str, low: int = 4, batch: int = 8):
-    """While inside, a thread adds `batch` default-tenant jobs whenever the stream's lag falls below `low`."""
+    """While inside, a thread adds `batch` default-tenant jobs whenever the stream's lag falls below `low`.
+    They are long (400 tokens), so the worker never idles between them: a record taken in a gap would show
+    no jobs running and an empty KV pool, and the page polls for about a second only."""
     done = threading.Event()
 
     def top_up() -> None:
@@ -148,7 +158,7 @@ def backlog_kept(r, stream: str, low: int = 4, batch: int = 8):
         while not done.wait(0.02):
             if max((g.get("lag") or 0 for g in r.xinfo_groups(stream)), default=0) < low:
                 for _ in range(batch):
-                    enqueue(r, _job(f"fill{n}"))
+                    enqueue(r, _job(f"fill{n}", max_tokens=400))
                     n += 1
 
     thread = threading.Thread(target=top_up, daemon=True)

@@ -88,7 +88,7 @@ def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     assert hb.record.tokens_out_per_s == 0 and hb.record.tokens_in_per_s == 0
 
 
-def test_each_beat_shows_the_running_and_waiting_jobs_the_loop_saw_last():
+def test_each_beat_shows_the_running_and_waiting_jobs_and_kv_use_the_loop_saw_last():
     # update() comes about once a second; peers steal by running/waiting (home_watch.py), so the loop's
     # frequent load() is what the next beat writes, and whichever of the two came last wins.
     class Client:
@@ -96,14 +96,15 @@ def test_each_beat_shows_the_running_and_waiting_jobs_the_loop_saw_last():
             return type("Pipe", (), {"__getattr__": lambda self, name: lambda *a, **k: None})()
 
     hb = heartbeat(Client())
-    hb.update(stats(num_running=3), stepped=True)
-    hb.load(8, 2)
-    assert (hb.record.running, hb.record.waiting) == (3, 0)  # not before the beat
+    hb.update(stats(num_running=3, num_kv_blocks_used=5), stepped=True)
+    hb.load(stats(num_running=8, num_waiting=2, num_kv_blocks_used=40))
+    shown = lambda: (hb.record.running, hb.record.waiting, hb.record.kv_blocks_used)  # noqa: E731
+    assert shown() == (3, 0, 5)  # not before the beat
     hb.beat()
-    assert (hb.record.running, hb.record.waiting) == (8, 2)
-    hb.update(stats(num_running=0), stepped=True)
+    assert shown() == (8, 2, 40)
+    hb.update(stats(num_running=0, num_kv_blocks_used=0), stepped=True)
     hb.beat()
-    assert (hb.record.running, hb.record.waiting) == (0, 0)
+    assert shown() == (0, 0, 0)
 
 
 def test_jobs_per_second_and_the_latest_ttfts_ride_in_the_record():
