@@ -24,9 +24,8 @@ from typing import Any
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 from worker.gateway.errors import APIError, from_worker, timed_out
+from worker.gateway.job_io import TERMINAL
 from worker.gateway.sse import DONE, hole, json_bytes, sse, sse_template
-
-TERMINAL = ("done", "error")
 
 
 @dataclass

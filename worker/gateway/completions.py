@@ -26,7 +26,7 @@ from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import response_body
 from worker.gateway import job_io
 from worker.gateway.auth import tenant_of
-from worker.gateway.chunks import TERMINAL, ChunkWriter, chunks
+from worker.gateway.chunks import ChunkWriter, chunks
 from worker.gateway.disconnect import ClientLeft, unless_disconnected
 from worker.gateway.errors import APIError, from_worker, invalid, model_not_found, no_worker, timed_out
 from worker.gateway.sse import EventStream
@@ -125,7 +125,7 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
             return EventStream(chunks(writer, batches, first), headers, cancel)
         found = first + (
             []
-            if first[-1]["type"] in TERMINAL
+            if first[-1]["type"] in job_io.TERMINAL
             else await unless_disconnected(request.receive, _rest(batches))
         )
         answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)

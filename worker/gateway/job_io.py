@@ -19,6 +19,7 @@ from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 
 CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
 LOST = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+TERMINAL = ("done", "error")  # the event types that end an output stream
 
 
 async def queued(client, stream: str, groups: list[str]) -> int:
@@ -59,7 +60,7 @@ def until_terminal(entries: list) -> list[dict]:
     events = []
     for _, fields in entries:
         events.append(event := json.loads(fields[EVENT_FIELD]))
-        if event["type"] in ("done", "error"):
+        if event["type"] in TERMINAL:
             break
     return events
 
@@ -92,7 +93,7 @@ async def follow(
         last = entries[-1][0]
         batch = until_terminal(entries)
         yield batch
-        if batch[-1]["type"] in ("done", "error"):
+        if batch[-1]["type"] in TERMINAL:
             return
 
 

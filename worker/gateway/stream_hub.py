@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from worker.connection import Backoff
-from worker.gateway.job_io import LOST, until_terminal
+from worker.gateway.job_io import LOST, TERMINAL, until_terminal
 from worker.keys import Keys
 
 WAKE_TTL_S = 60
@@ -50,7 +50,7 @@ class StreamHub:
                 if batch is None:
                     raise TimeoutError(job_id)
                 yield batch
-                if batch[-1]["type"] in ("done", "error"):
+                if batch[-1]["type"] in TERMINAL:
                     return
         finally:
             timer.cancel()
