@@ -10,10 +10,15 @@ thread (as in `conveyor worker`) with its registry heartbeat, serving the model 
   gateway: `conveyor serve` in its own process; a client process runs N concurrent streaming
            /v1/completions requests (prompt token ids, SSE, include_usage), while a second process reads
            the same jobs' output streams from Redis, as in the redis run.
-Added latency per token: for each SSE chunk, the time the HTTP client read it minus the time the Redis
-reader read the same token event (the k-th of that job; jobs ask for the sampled token's logprob, so
-every event has a chunk). Targets: gateway throughput
->= 90% of Redis directly; added latency p99 < 5 ms. Writes JSON to benchmarks/results/.
+Added latency per token: for each SSE chunk, the time its bytes reached the HTTP client minus the time
+the Redis reader's XREAD returned the same token event (the k-th of that job; jobs ask for the sampled
+token's logprob, so every event has a chunk). Targets: gateway throughput >= 90% of Redis directly;
+added latency p99 < 5 ms. Also reported: the CPU seconds each process spent during each run (the
+gateway's from /proc), as the processes share the machine's cores. Writes JSON to benchmarks/results/.
+
+The HTTP client is benchmarks/sse_client.py's (`--client raw`, the default since session 8), which stamps
+a chunk when its bytes arrive; `--client httpx` is the first one, which stamped a chunk after parsing it
+in Python and cost its process more CPU than the gateway spent (benchmarks/RESULTS.md, session 8).
 """
 
 from __future__ import annotations
@@ -51,8 +56,12 @@ def read_streams(url: str, prefix: str, ids: list[str], ready, result) -> None:
     cursors = {keys.out(i): b"0" for i in ids}
     tokens, seen = 0, {i: [] for i in ids}
     ready.set()
+    cpu = None
     while cursors:
-        for key, entries in client.xread(dict(cursors), block=5000, count=1000) or []:
+        reply = client.xread(dict(cursors), block=5000, count=1000) or []
+        now = time.time()  # when the events arrived, not after parsing the reply's earlier ones
+        cpu = time.process_time() if cpu is None else cpu
+        for key, entries in reply:
             key = key.decode()
             job_id = key.rsplit(":", 1)[-1]
             for entry_id, fields in entries:
@@ -60,18 +69,29 @@ def read_streams(url: str, prefix: str, ids: list[str], ready, result) -> None:
                 cursors[key] = entry_id
                 if event["type"] == "token":
                     tokens += len(event["token_ids"])
-                    seen[job_id].append(time.time())
+                    seen[job_id].append(now)
                 else:
                     cursors.pop(key)
                     break
-    result.put((tokens, time.perf_counter(), seen))
+    result.put((tokens, time.perf_counter(), seen, time.process_time() - (cpu or 0.0)))
+
+
+def raw_clients(base: str, requests: list[tuple[str, dict]], clients: int, ready, go, result) -> None:
+    """Client process (`--client raw`): benchmarks/sse_client.py's, on uvloop as the gateway runs."""
+    import uvloop
+
+    from benchmarks.sse_client import stream_all
+
+    host, port = base.removeprefix("http://").split(":")
+    result.put(uvloop.run(stream_all(host, int(port), requests, clients, ready, go)))
 
 
 def http_clients(base: str, requests: list[tuple[str, dict]], clients: int, ready, go, result) -> None:
-    """Client process: `clients` concurrent streaming requests; per job, the read time of each chunk."""
+    """Client process (`--client httpx`): `clients` concurrent streaming requests; per job, the read time
+    of each chunk, taken after its line was split and parsed."""
     import httpx
 
-    async def main() -> tuple[int, float, dict]:
+    async def main() -> tuple[int, float, dict, float]:
         limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
         seen: dict[str, list[float]] = {}
         tokens = 0
@@ -99,8 +119,9 @@ def http_clients(base: str, requests: list[tuple[str, dict]], clients: int, read
 
             ready.set()
             go.wait()
+            cpu = time.process_time()
             await asyncio.gather(*(one(job_id, body) for job_id, body in requests))
-        return tokens, time.perf_counter(), seen
+        return tokens, time.perf_counter(), seen, time.process_time() - cpu
 
     result.put(asyncio.run(main()))
 
@@ -143,7 +164,7 @@ def run_redis(url: str, keys: Keys, workload, ctx) -> dict:
     reader.start()
     ready.wait(60)
     client = connect(url)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     pipe = client.pipeline(transaction=False)
     for job_id, job in zip(ids, workload, strict=True):
         body = {k: v for k, v in job_body(job).items() if k not in ("model", "prompt")}
@@ -152,12 +173,26 @@ def run_redis(url: str, keys: Keys, workload, ctx) -> dict:
             {b"job": json.dumps({"id": job_id, "prompt_token_ids": job.prompt_token_ids, **body})},
         )
     pipe.execute()
-    tokens, end, _ = result.get(timeout=900)
+    tokens, end, _, reader_cpu = result.get(timeout=900)
     reader.join()
-    return {"tokens": tokens, "seconds": end - start, "tokens_per_s": tokens / (end - start)}
+    return {
+        "tokens": tokens,
+        "seconds": end - start,
+        "tokens_per_s": tokens / (end - start),
+        "cpu_s": {"redis_reader": reader_cpu, "engine_process": time.process_time() - cpu},
+    }
 
 
-def run_gateway(url: str, keys: Keys, workload, clients: int, ctx) -> dict:
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) a process has used so far; None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_gateway(url: str, keys: Keys, workload, clients: int, ctx, client_kind: str) -> dict:
     from worker.local_redis import free_port
 
     port = free_port()
@@ -190,33 +225,51 @@ def run_gateway(url: str, keys: Keys, workload, clients: int, ctx) -> dict:
         reader = ctx.Process(target=read_streams, args=(url, keys.prefix, ids, ready_r, result_r))
         ready_h, go, result_h = ctx.Event(), ctx.Event(), ctx.Queue()
         base = f"http://127.0.0.1:{port}"
-        client = ctx.Process(target=http_clients, args=(base, requests, clients, ready_h, go, result_h))
+        target = raw_clients if client_kind == "raw" else http_clients
+        client = ctx.Process(target=target, args=(base, requests, clients, ready_h, go, result_h))
         reader.start()
         client.start()
         ready_r.wait(60)
         ready_h.wait(60)
-        start = time.perf_counter()
+        start, cpu, serve_cpu = time.perf_counter(), time.process_time(), cpu_seconds(serve.pid)
         go.set()
-        tokens, end, http_seen = result_h.get(timeout=900)
-        _, _, redis_seen = result_r.get(timeout=120)
+        tokens, end, http_seen, client_cpu = result_h.get(timeout=900)
+        serve_cpu_end = cpu_seconds(serve.pid)
+        _, _, redis_seen, reader_cpu = result_r.get(timeout=120)
+        cpu = time.process_time() - cpu
         client.join()
         reader.join()
     finally:
         serve.terminate()
         serve.wait(timeout=30)
-    added, unmatched = [], 0
+    added, first, later, unmatched = [], [], [], 0
     for job_id, times in http_seen.items():
         direct = redis_seen.get(job_id, [])
         unmatched += abs(len(times) - len(direct))
-        added.extend(h - r for h, r in zip(times, direct, strict=False))
-    added.sort()
+        pairs = [h - r for h, r in zip(times, direct, strict=False)]
+        added.extend(pairs)
+        first.extend(pairs[:1])
+        later.extend(pairs[1:])
+    for values in (added, first, later):
+        values.sort()
     return {
         "tokens": tokens,
         "seconds": end - start,
         "tokens_per_s": tokens / (end - start),
         "clients": clients,
+        "client": client_kind,
         "added_latency_ms": percentiles(added),
+        # Each request's first chunk: it waits for the answer to start, and for the gateway to finish
+        # taking in the requests that arrived with it (with 64 requests, 64 of about 3000 chunks).
+        "added_latency_ms_first_chunk": percentiles(first),
+        "added_latency_ms_later_chunks": percentiles(later),
         "unmatched_chunks": unmatched,
+        "cpu_s": {
+            "gateway": None if serve_cpu is None or serve_cpu_end is None else serve_cpu_end - serve_cpu,
+            "http_client": client_cpu,
+            "redis_reader": reader_cpu,
+            "engine_process": cpu,
+        },
     }
 
 
@@ -230,6 +283,9 @@ def main() -> None:
     parser.add_argument("--max-output", type=int, default=512)
     parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
     parser.add_argument("--clients", type=int, default=64, help="concurrent streaming HTTP clients")
+    parser.add_argument(
+        "--client", choices=("raw", "httpx"), default="raw", help="the HTTP client (see above)"
+    )
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-blocks", type=int, default=4096)
@@ -270,7 +326,7 @@ def main() -> None:
             f"  {direct['tokens_per_s']:.1f} tok/s; through the gateway ({args.clients} clients) ...",
             flush=True,
         )
-        gateway = run_gateway(url, keys, args.workload, args.clients, ctx)
+        gateway = run_gateway(url, keys, args.workload, args.clients, ctx, args.client)
     finally:
         worker.stop.request()
         thread.join(timeout=60)
@@ -298,9 +354,13 @@ def main() -> None:
         f"gateway  {gateway['tokens_per_s']:10.1f} tok/s  ({gateway['tokens']} tokens in {gateway['seconds']:.2f} s)"
     )
     print(f"ratio    {ratio:10.3f}  (target >= 0.90)")
+    print("cpu s    " + "  ".join(f"{k} {v:.2f}" for k, v in gateway["cpu_s"].items() if v is not None))
     print(
         f"added per token  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  max {lat['max']:.2f} ms  (target p99 < 5 ms)"
     )
+    for name in ("first_chunk", "later_chunks"):
+        part = gateway[f"added_latency_ms_{name}"]
+        print(f"  {name:14s} p50 {part['p50']:.2f} ms  p99 {part['p99']:.2f} ms  max {part['max']:.2f} ms")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"http_e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"

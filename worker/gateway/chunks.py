@@ -9,6 +9,9 @@
 
 An error after the stream began (the worker's error event, a stop at the deadline) is a chunk holding
 only OpenAI's error object, which the SDKs raise as an APIError, then [DONE].
+
+The events come in batches (those one read of the output stream returned); each batch's chunks are one
+body, so one write to the client's socket, however many tokens the batch holds.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 from worker.gateway.errors import APIError, from_worker, timed_out
-from worker.gateway.sse import DONE, sse
+from worker.gateway.job_io import TERMINAL
+from worker.gateway.sse import DONE, hole, json_bytes, sse, sse_template
 
 
 @dataclass
@@ -34,11 +38,18 @@ class ChunkWriter:
     timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
 
+    def __post_init__(self) -> None:
+        # A token's chunk, cut where its sample's index, its text and its logprobs go.
+        self._token = sse_template(self._payload([self._choice(hole(0), hole(1), None, hole(2))]), 3)
+
     @property
     def chat(self) -> bool:
         return self.url == CHAT_URL
 
     def _chunk(self, choices: list[dict], **extra: Any) -> bytes:
+        return sse(self._payload(choices, **extra))
+
+    def _payload(self, choices: list[dict], **extra: Any) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{self.job_id}",
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -49,9 +60,10 @@ class ChunkWriter:
         if self.include_usage:
             body["usage"] = None
         body.update(extra)
-        return sse(body)
+        return body
 
-    def _choice(self, k: int, text: str | None, finish: str | None, logprobs: dict | None) -> dict:
+    def _choice(self, k: int | str, text: str | None, finish: str | None, logprobs: Any) -> dict:
+        # k and logprobs: a str for a template's holes
         if self.chat:
             delta = {} if text is None else {"content": text}
             return {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -82,7 +94,23 @@ class ChunkWriter:
             shown = chat_logprobs(sample) if self.chat else completion_logprobs(sample)
         if not event["text"] and shown is None:
             return None  # text held back (a possible stop string, an unfinished character)
-        return self._chunk([self._choice(event.get("sample") or 0, event["text"], None, shown)])
+        head, after_index, after_text, tail = self._token
+        index = str(event.get("sample") or 0).encode()
+        text = json_bytes(event["text"])  # a str (worker/protocol.py's TokenEvent)
+        return b"".join((head, index, after_index, text, after_text, json_bytes(shown), tail))
+
+    def batch(self, events: list[dict]) -> list[bytes]:
+        """The chunks of events read together (the error chunk for a worker's error event)."""
+        out = []
+        for event in events:
+            if event["type"] == "token":
+                if (piece := self.token(event)) is not None:
+                    out.append(piece)
+            elif event["type"] == "done":
+                out.extend(self.ending(event))
+            else:
+                out.append(self.error(from_worker(event["code"], event["message"])))
+        return out
 
     def ending(self, done: dict) -> list[bytes]:
         reasons = done.get("finish_reasons") or [done["finish_reason"]]
@@ -107,28 +135,24 @@ class ChunkWriter:
         return sse(error.body())
 
 
-async def chunks(writer: ChunkWriter, events: AsyncIterator[dict], first: dict) -> AsyncIterator[bytes]:
-    """SSE bytes for the events, `first` (already read) included, ending with [DONE]."""
-    for chunk in writer.opening():
-        yield chunk
-
-    async def all_events() -> AsyncIterator[dict]:
-        yield first
-        async for event in events:
-            yield event
-
+async def chunks(
+    writer: ChunkWriter, batches: AsyncIterator[list[dict]], first: list[dict]
+) -> AsyncIterator[bytes]:
+    """SSE bytes for the batches of events, `first` (already read) first: one body per batch, the last one
+    ending with [DONE]."""
+    pieces = writer.opening()
     try:
-        async for event in all_events():
-            if event["type"] == "token":
-                if (piece := writer.token(event)) is not None:
-                    yield piece
-            elif event["type"] == "done":
-                for chunk in writer.ending(event):
-                    yield chunk
-            else:
-                yield writer.error(from_worker(event["code"], event["message"]))
+        batch: list[dict] | None = first
+        while batch is not None:
+            pieces += writer.batch(batch)
+            if batch[-1]["type"] in TERMINAL:
+                break
+            if pieces:
+                yield b"".join(pieces)
+                pieces = []
+            batch = await anext(batches, None)
     except TimeoutError:
-        yield writer.error(timed_out(writer.timeout_s))
+        pieces.append(writer.error(timed_out(writer.timeout_s)))
     finally:
-        await events.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
-    yield DONE
+        await batches.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
+    yield b"".join(pieces) + DONE

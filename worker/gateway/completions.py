@@ -108,23 +108,25 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
     hub = request.app.state.hub
     if hub is not None:
-        events = hub.follow(job_keys, job_id, deadline)
+        batches = hub.follow(job_keys, job_id, deadline)
     else:
-        events = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
+        batches = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
     headers = {"x-request-id": job_id}
     streaming = False
     try:
-        first = await unless_disconnected(request.receive, anext(events))
-        if first["type"] == "error":
-            raise from_worker(first["code"], first["message"])
+        first = await unless_disconnected(request.receive, anext(batches))
+        if first[0]["type"] == "error":
+            raise from_worker(first[0]["code"], first[0]["message"])
         if stream:
             n = job.get("n") or 1
             include_usage = bool((options or {}).get("include_usage"))
             writer = ChunkWriter(url, job_id, model, n, include_usage, settings.request_timeout_s)
             streaming = True  # from here on the response follows the events, and stops following
-            return EventStream(chunks(writer, events, first), headers, cancel)
-        found = [first] + (
-            [] if first["type"] == "done" else await unless_disconnected(request.receive, _rest(events))
+            return EventStream(chunks(writer, batches, first), headers, cancel)
+        found = first + (
+            []
+            if first[-1]["type"] in job_io.TERMINAL
+            else await unless_disconnected(request.receive, _rest(batches))
         )
         answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)
     except TimeoutError:
@@ -138,12 +140,12 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         raise
     finally:
         if not streaming:
-            await events.aclose()
+            await batches.aclose()
     return JSONResponse(answer, headers=headers)
 
 
-async def _rest(events) -> list[dict]:
-    return [event async for event in events]
+async def _rest(batches) -> list[dict]:
+    return [event async for batch in batches for event in batch]
 
 
 def _answer(url: str, model: str, job_id: str, job: dict, events: list[dict], timeout_s: float) -> dict:

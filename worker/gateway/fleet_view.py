@@ -5,6 +5,7 @@ the cached read is looked up again at once, so a worker that just registered is 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from collections.abc import Mapping
@@ -71,17 +72,27 @@ class ServedModel:
 class FleetView:
     def __init__(self, client, keys: Keys) -> None:
         self.client, self.keys = client, keys
-        self._read_at = -1e9
+        self._read_at = -1e9  # when the last read began
         self._models: dict[str, ServedModel] = {}
+        # One read at a time: the requests that find the cache stale together (64 arriving at once)
+        # share one read instead of each making its own.
+        self._reading = asyncio.Lock()
 
     async def models(self, fresh: bool = False) -> dict[str, ServedModel]:
         """Live, not draining workers by the model they serve; `fresh`: read the registry now (a model the
-        cached read does not know may have a worker that registered since)."""
-        if fresh or time.monotonic() - self._read_at > CACHE_S:
-            records = [w for w in live(await read_async(self.client, self.keys)) if not w.draining]
-            by_model: dict[str, list[WorkerRecord]] = {}
-            for w in records:
-                by_model.setdefault(w.model, []).append(w)
-            self._models = {name: ServedModel(name, ws) for name, ws in sorted(by_model.items())}
-            self._read_at = time.monotonic()
+        cached read does not know may have a worker that registered since), or take a read that began
+        after this call did."""
+        asked = time.monotonic()
+        async with self._reading:
+            if (fresh and self._read_at < asked) or asked - self._read_at > CACHE_S:
+                await self._read()
         return self._models
+
+    async def _read(self) -> None:
+        began = time.monotonic()
+        records = [w for w in live(await read_async(self.client, self.keys)) if not w.draining]
+        by_model: dict[str, list[WorkerRecord]] = {}
+        for w in records:
+            by_model.setdefault(w.model, []).append(w)
+        self._models = {name: ServedModel(name, ws) for name, ws in sorted(by_model.items())}
+        self._read_at = began

@@ -19,6 +19,7 @@ from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 
 CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
 LOST = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
+TERMINAL = ("done", "error")  # the event types that end an output stream
 
 
 async def queued(client, stream: str, groups: list[str]) -> int:
@@ -53,10 +54,24 @@ async def submit(
     return stream
 
 
-async def follow(client, keys: Keys, job_id: str, block_ms: int, deadline: float) -> AsyncIterator[dict]:
-    """The job's events in order, ending after the terminal one, read from its output stream from the
-    last entry seen: events written before this call, a lost connection, or a worker taken over mid-job
-    (its successor writes the next index) lose nothing. Raises TimeoutError at `deadline` (loop time)."""
+def until_terminal(entries: list) -> list[dict]:
+    """The events of one read's entries of an output stream, up to its terminal event (nothing follows
+    one; were something there, no reader should see it)."""
+    events = []
+    for _, fields in entries:
+        events.append(event := json.loads(fields[EVENT_FIELD]))
+        if event["type"] in TERMINAL:
+            break
+    return events
+
+
+async def follow(
+    client, keys: Keys, job_id: str, block_ms: int, deadline: float
+) -> AsyncIterator[list[dict]]:
+    """The job's events in order, in the batches the reads returned, ending with the batch holding the
+    terminal event, read from its output stream from the last entry seen: events written before this
+    call, a lost connection, or a worker taken over mid-job (its successor writes the next index) lose
+    nothing. Raises TimeoutError at `deadline` (loop time)."""
     loop = asyncio.get_running_loop()
     key, last = keys.out(job_id), b"0"
     backoff = Backoff()
@@ -72,12 +87,14 @@ async def follow(client, keys: Keys, job_id: str, block_ms: int, deadline: float
             await asyncio.sleep(min(backoff.next_delay(), max(0.0, deadline - loop.time())))
             continue
         backoff.reset()
-        for entry_id, fields in reply[0][1] if reply else []:
-            last = entry_id
-            event = json.loads(fields[EVENT_FIELD])
-            yield event
-            if event["type"] in ("done", "error"):
-                return
+        if not reply:
+            continue
+        entries = reply[0][1]
+        last = entries[-1][0]
+        batch = until_terminal(entries)
+        yield batch
+        if batch[-1]["type"] in TERMINAL:
+            return
 
 
 async def cancel(client, keys: Keys, job_id: str, sharded: bool = False) -> None:

@@ -11,6 +11,17 @@ from worker.connection import TlsOptions
 from worker.gateway.settings import GatewaySettings
 
 
+def _driver_info() -> dict:
+    """What redis-py names itself to Redis with (CLIENT SETINFO), made once: by default each new connection
+    looks its version up in the package metadata, on the event loop, a burst of lookups when many
+    requests arrive at once. redis-py 8 takes it as `driver_info`; older versions have no such type."""
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:
+        return {}
+    return {"driver_info": DriverInfo()}
+
+
 def connect_async(settings: GatewaySettings):
     tls = TlsOptions(
         settings.redis_ca_certs, settings.redis_certfile, settings.redis_keyfile, settings.redis_cert_reqs
@@ -18,6 +29,7 @@ def connect_async(settings: GatewaySettings):
     extra = tls.kwargs() if settings.redis_url.startswith("rediss://") else {}
     common = dict(
         decode_responses=False,
+        **_driver_info(),
         socket_timeout=settings.redis_socket_timeout,
         socket_connect_timeout=min(5.0, settings.redis_socket_timeout),
         **extra,

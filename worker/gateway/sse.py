@@ -10,15 +10,51 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from json.encoder import encode_basestring  # the C encoder's, when built
+from typing import Any
 
 from starlette.responses import Response
 
 DONE = b"data: [DONE]\n\n"
 
 
+# json.dumps with any option set makes an encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact JSON, UTF-8 as it is (not \\u-escaped)."""
+    if isinstance(value, str):  # what the encoder writes for a string, without its checks
+        return encode_basestring(value).encode()
+    return _ENCODER.encode(value).encode()
+
+
 def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + json_bytes(payload) + b"\n\n"
+
+
+# Part of every placeholder: a payload's other strings (a model name a client chose) cannot hold one.
+_UNGUESSABLE = uuid.uuid4().hex
+
+
+def hole(k: int) -> str:
+    """The k-th placeholder value for `sse_template`."""
+    return f"\x00hole{k}:{_UNGUESSABLE}\x00"
+
+
+def sse_template(payload: dict[str, Any], holes: int) -> list[bytes]:
+    """`sse(payload)` cut at the placeholders `hole(0)`, ..., `hole(holes - 1)` (each once, in that order), so
+    that joining the parts with each hole's JSON between them is `sse` of the payload filled in: a chunk
+    that differs per token costs the JSON of what differs, not a dict built and dumped whole."""
+    parts, rest = [], sse(payload)
+    for k in range(holes):
+        head, found, rest = rest.partition(json_bytes(hole(k)))
+        if not found:
+            raise ValueError(f"hole {k} is not in the payload, or not in order")
+        parts.append(head)
+    return [*parts, rest]
 
 
 class EventStream(Response):

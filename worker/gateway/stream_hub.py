@@ -12,7 +12,6 @@ multi-key XREAD must stay in one slot).
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,8 +19,8 @@ from typing import Any
 import redis
 
 from worker.connection import Backoff
-from worker.gateway.job_io import LOST
-from worker.keys import EVENT_FIELD, Keys
+from worker.gateway.job_io import LOST, TERMINAL, until_terminal
+from worker.keys import Keys
 
 WAKE_TTL_S = 60
 
@@ -35,27 +34,26 @@ class StreamHub:
         self._wake_last = b"$"
         self._joined = asyncio.Event()
 
-    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[dict]:
-        """The job's events in order, ending after the terminal one; TimeoutError at `deadline` (loop time)."""
+    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
+        """The job's events in order, in the batches the reads returned, ending with the batch holding the
+        terminal event; TimeoutError at `deadline` (loop time)."""
         key = keys.out(job_id).encode()
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[key], self._last[key] = queue, b"0"
         self._joined.set()
-        loop = asyncio.get_running_loop()
+        # At the deadline a None joins the queue: one timer per request, not one per event (wait_for).
+        timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, None)
         try:
             await self._wake()
             while True:
-                left = deadline - loop.time()
-                if left <= 0:
+                batch = await queue.get()
+                if batch is None:
                     raise TimeoutError(job_id)
-                try:
-                    event = await asyncio.wait_for(queue.get(), left)
-                except asyncio.TimeoutError:
-                    raise TimeoutError(job_id) from None
-                yield event
-                if event["type"] in ("done", "error"):
+                yield batch
+                if batch[-1]["type"] in TERMINAL:
                     return
         finally:
+            timer.cancel()
             self._queues.pop(key, None)
             self._last.pop(key, None)
 
@@ -92,6 +90,5 @@ class StreamHub:
                 queue = self._queues.get(key)
                 if queue is None:  # its request ended meanwhile
                     continue
-                for entry_id, fields in entries:
-                    self._last[key] = entry_id
-                    queue.put_nowait(json.loads(fields[EVENT_FIELD]))
+                self._last[key] = entries[-1][0]
+                queue.put_nowait(until_terminal(entries))

@@ -49,3 +49,19 @@ def test_a_body_over_the_limit_is_413_before_any_route_reads_it():
 
         chunked = http.post("/v1/completions", content=chunks())
         assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "payload_too_large"
+
+
+def test_a_new_redis_connection_does_not_look_up_redis_pys_version(monkeypatch):
+    # A burst of requests opens a burst of connections; each looked the version up in the package
+    # metadata (redis-py's default), on the event loop.
+    import redis.utils
+
+    from worker.gateway.redis_client import connect_async
+
+    def looked_up() -> str:
+        raise AssertionError("redis-py's version was looked up for a connection")
+
+    client = connect_async(GatewaySettings(redis_url="redis://127.0.0.1:1/0"))  # may look it up once
+    monkeypatch.setattr(redis.utils, "get_lib_version", looked_up)
+    for _ in range(2):
+        assert client.connection_pool.make_connection() is not None
