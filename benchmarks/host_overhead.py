@@ -404,7 +404,6 @@ def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], Sa
             raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     gc.unfreeze()
-    device.close()
     return {
         "scenario": scenario,
         "device_ms": args.device_ms,

@@ -58,9 +58,6 @@ class SimulatedDevice:
 
         return wait
 
-    def close(self) -> None:
-        pass
-
 
 class SimulatedSampler:
     """TokenSampler: the host Sampler's per-step bookkeeping for real, the ids from the simulated stream."""

@@ -101,9 +101,7 @@ class Heartbeat:
         out_total = stats.num_generated_tokens
         in_total = stats.prefix_cache_queries - stats.prefix_cache_hits
         changes: dict = {
-            "running": stats.num_running,
-            "waiting": stats.num_waiting,
-            "kv_blocks_used": stats.num_kv_blocks_used,
+            **_load(stats),
             "kv_blocks_total": stats.num_kv_blocks_total,
             "prompt_tokens": stats.num_prompt_tokens,
             "prefix_cache_queries": stats.prefix_cache_queries,
@@ -131,11 +129,7 @@ class Heartbeat:
         beat. Peers steal from a worker without room by them (worker/fleet/home_watch.py), so they must
         not lag a second behind the beat; the KV use comes along so that a record never shows jobs
         running in an empty KV pool."""
-        self._load = {
-            "running": stats.num_running,
-            "waiting": stats.num_waiting,
-            "kv_blocks_used": stats.num_kv_blocks_used,
-        }
+        self._load = _load(stats)
 
     def set_home_shards(self, shards: list[int]) -> None:
         """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
@@ -197,3 +191,12 @@ class Heartbeat:
             pipe.execute()
         except Exception as exc:
             log.warning("could not leave the registry; the record lapses on its own", error=str(exc))
+
+
+def _load(stats: EngineStats) -> dict[str, int]:
+    """The record's fields that change every step: what load() refreshes between update()s."""
+    return {
+        "running": stats.num_running,
+        "waiting": stats.num_waiting,
+        "kv_blocks_used": stats.num_kv_blocks_used,
+    }
