@@ -261,6 +261,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     """This worker's record in the fleet registry (worker/fleet/registry.py)."""
     from worker.fleet.heartbeat import Heartbeat
     from worker.keys import group_name
+    from worker.run.engine_room import engine_room
 
     # A lanes worker (shards, cluster) runs a Worker per lane: each reads its lane's stream.
     streams = [lane.cfg.keys.requests for lane in getattr(w, "workers", [w])]
@@ -276,7 +277,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
         interval_s=cfg.registry_interval_s,
         draining=w.stop.warm.is_set,
     )
-    heartbeat.update(engine.stats(), stepped=False)  # its KV pool is known before the first step
+    heartbeat.update(engine.stats(), engine_room(engine), stepped=False)  # its pool, before the first step
     return heartbeat
 
 

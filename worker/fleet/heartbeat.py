@@ -94,14 +94,14 @@ class Heartbeat:
         self._jobs_finished += 1
 
     # ---- the loop's side --------------------------------------------------------------------------------
-    def update(self, stats: EngineStats, stepped: bool) -> None:
-        """The engine's numbers now; `stepped`: the engine just ran a step. Rates are over >= 1 s windows of
-        the engine's cumulative counters."""
+    def update(self, stats: EngineStats, room: int, stepped: bool) -> None:
+        """The engine's numbers now and the jobs it could start (worker/run/engine_room.py); `stepped`:
+        the engine just ran a step. Rates are over >= 1 s windows of the engine's cumulative counters."""
         now = time.monotonic()
         out_total = stats.num_generated_tokens
         in_total = stats.prefix_cache_queries - stats.prefix_cache_hits
         changes: dict = {
-            **_load(stats),
+            **_load(stats, room),
             "kv_blocks_total": stats.num_kv_blocks_total,
             "prompt_tokens": stats.num_prompt_tokens,
             "prefix_cache_queries": stats.prefix_cache_queries,
@@ -124,12 +124,12 @@ class Heartbeat:
             self.record = self.record.model_copy(update=changes)
             self._load = None
 
-    def load(self, stats: EngineStats) -> None:
-        """The engine's running and waiting jobs and KV use now (the loop, often): shown from the next
-        beat. Peers steal from a worker without room by them (worker/fleet/home_watch.py), so they must
-        not lag a second behind the beat; the KV use comes along so that a record never shows jobs
+    def load(self, stats: EngineStats, room: int) -> None:
+        """The engine's running and waiting jobs, KV use and room now (the loop, often): shown from the
+        next beat. Peers steal from a worker without room by them (worker/fleet/home_watch.py), so they
+        must not lag a second behind the beat; the KV use comes along so that a record never shows jobs
         running in an empty KV pool."""
-        self._load = _load(stats)
+        self._load = _load(stats, room)
 
     def set_home_shards(self, shards: list[int]) -> None:
         """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
@@ -193,9 +193,10 @@ class Heartbeat:
             log.warning("could not leave the registry; the record lapses on its own", error=str(exc))
 
 
-def _load(stats: EngineStats) -> dict[str, int]:
+def _load(stats: EngineStats, room: int) -> dict[str, int]:
     """The record's fields that change every step: what load() refreshes between update()s."""
     return {
+        "room": room,
         "running": stats.num_running,
         "waiting": stats.num_waiting,
         "kv_blocks_used": stats.num_kv_blocks_used,

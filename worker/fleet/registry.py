@@ -52,6 +52,9 @@ class WorkerRecord(BaseModel):
     waiting: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    # New jobs its engine could start now (worker/run/engine_room.py: free slots, KV blocks at its jobs'
+    # current use, 0 while one waits); None: a worker from before this field (see `full`).
+    room: int | None = None
     tokens_in_per_s: float = 0.0  # prompt tokens computed (prefix-cache hits excluded) per second
     tokens_out_per_s: float = 0.0  # output tokens per second
     last_step_ms: int | None = None  # when its engine last stepped (worker's clock); None: never
@@ -64,6 +67,19 @@ class WorkerRecord(BaseModel):
     # Time to first token (enqueue to first token, ms) of its latest jobs, newest last, at most TTFT_KEPT:
     # readers pool the fleet's lists for TTFT quantiles (worker/fleet/snapshot.py).
     ttft_ms_recent: list[int] = []
+
+    @property
+    def free(self) -> int:
+        """Jobs it could start now, as of this record (peers steal by it: home_watch.py). Records without
+        `room` tell only slots, and KV blocks can run out first."""
+        if self.room is not None:
+            return self.room
+        return 0 if self.waiting > 0 else max(0, self.capacity - self.running)
+
+    @property
+    def full(self) -> bool:
+        """It could start no job now: a job a peer leaves in its shards would wait."""
+        return self.free == 0
 
 
 class Member(BaseModel):

@@ -24,7 +24,6 @@ still ends the loop within the drain timeout (run/stop.py).
 from __future__ import annotations
 
 import gc
-import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -49,6 +48,7 @@ from worker.run import fault_injection
 from worker.run.aborts import Aborter
 from worker.run.cancel_listener import CancelListener
 from worker.run.consumer_lease import ConsumerLease
+from worker.run.engine_room import engine_room
 from worker.run.isolation import Isolation, add_refund
 from worker.run.job_lease import add_release, add_renewal
 from worker.run.job_record import Arrived, InFlight
@@ -341,12 +341,9 @@ class Worker:
     # ---- intake ---------------------------------------------------------------------------------------
     def room(self) -> int:
         """Jobs this worker can start now: free sequence slots, and KV blocks at the current per-job use."""
-        stats = self.engine.stats()
-        if stats.num_waiting > 0 or self.isolation.running_alone() or self.isolation.held:
+        if self.isolation.running_alone() or self.isolation.held:
             return 0
-        free_slots, free_blocks = self.engine.free_capacity()
-        per_job = max(1, math.ceil(stats.num_kv_blocks_used / stats.num_running)) if stats.num_running else 1
-        return max(0, min(free_slots, free_blocks // per_job) - self._admitting - len(self.arrived))
+        return max(0, engine_room(self.engine) - self._admitting - len(self.arrived))
 
     def _arrive_reclaimed(self, arrived: list[Arrived]) -> None:
         if arrived:

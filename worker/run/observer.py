@@ -14,6 +14,7 @@ import structlog
 
 from worker.fleet.accounting import DEFAULT_TENANT
 from worker.fleet.heartbeat import Heartbeat
+from worker.run.engine_room import engine_room
 from worker.run.job_record import InFlight
 from worker.run.metrics import Metrics
 
@@ -91,15 +92,15 @@ class Observer:
         now = time.monotonic()
         if self.heartbeat is not None and now - self._last_load >= LOAD_EVERY_S:
             self._last_load = now
-            self.heartbeat.load(engine.stats())
+            self.heartbeat.load(engine.stats(), engine_room(engine))
         if now - self._last_rate < 1.0:
             # The last step of a busy spell: the registry must not keep showing its running jobs.
             if self.heartbeat is not None and busy and not engine.has_unfinished_requests():
-                self.heartbeat.update(engine.stats(), stepped=True)
+                self.heartbeat.update(engine.stats(), engine_room(engine), stepped=True)
             return
         stats = engine.stats()
         if self.heartbeat is not None:
-            self.heartbeat.update(stats, stepped=busy)
+            self.heartbeat.update(stats, engine_room(engine), stepped=busy)
         m = self.metrics
         m.running.set(stats.num_running)
         m.waiting.set(stats.num_waiting)

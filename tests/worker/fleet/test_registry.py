@@ -64,10 +64,12 @@ def test_unknown_fields_are_kept_for_newer_workers():
 
 def test_rates_come_from_the_engine_counters_and_read_zero_when_idle():
     hb = heartbeat(None)
-    hb.update(stats(num_generated_tokens=0, prefix_cache_queries=0), stepped=True)
+    hb.update(stats(num_generated_tokens=0, prefix_cache_queries=0), 0, stepped=True)
     hb._rate_base = (hb._rate_base[0] - 2.0, 0, 0)  # the first numbers were taken 2 s ago
     hb.update(
-        stats(num_running=3, num_generated_tokens=100, prefix_cache_queries=500, prefix_cache_hits=100), True
+        stats(num_running=3, num_generated_tokens=100, prefix_cache_queries=500, prefix_cache_hits=100),
+        0,
+        True,
     )
     assert hb.record.running == 3
     assert hb.record.tokens_out_per_s == pytest.approx(50, rel=0.05)
@@ -96,26 +98,40 @@ def test_each_beat_shows_the_running_and_waiting_jobs_and_kv_use_the_loop_saw_la
             return type("Pipe", (), {"__getattr__": lambda self, name: lambda *a, **k: None})()
 
     hb = heartbeat(Client())
-    hb.update(stats(num_running=3, num_kv_blocks_used=5), stepped=True)
-    hb.load(stats(num_running=8, num_waiting=2, num_kv_blocks_used=40))
-    shown = lambda: (hb.record.running, hb.record.waiting, hb.record.kv_blocks_used)  # noqa: E731
-    assert shown() == (3, 0, 5)  # not before the beat
+    hb.update(stats(num_running=3, num_kv_blocks_used=5), 9, stepped=True)
+    hb.load(stats(num_running=8, num_waiting=2, num_kv_blocks_used=40), 0)
+    shown = lambda: (hb.record.running, hb.record.waiting, hb.record.kv_blocks_used, hb.record.room)  # noqa: E731
+    assert shown() == (3, 0, 5, 9)  # not before the beat
     hb.beat()
-    assert shown() == (8, 2, 40)
-    hb.update(stats(num_running=0, num_kv_blocks_used=0), stepped=True)
+    assert shown() == (8, 2, 40, 0)
+    hb.update(stats(num_running=0, num_kv_blocks_used=0), 16, stepped=True)
     hb.beat()
-    assert shown() == (0, 0, 0)
+    assert shown() == (0, 0, 0, 16)
+
+
+def test_a_worker_is_full_when_it_has_no_room_even_with_free_slots():
+    # Peers steal its shards' jobs by this (home_watch.py): a pool out of KV blocks starts nothing, though
+    # its running jobs are fewer than its capacity and none waits.
+    record = heartbeat(None).record
+    kv_bound = record.model_copy(update={"running": 5, "waiting": 0, "room": 0})
+    assert record.capacity > 5 and kv_bound.full
+    assert not record.model_copy(update={"running": 5, "room": 3}).full
+    # A record from a worker without the field: judged by slots and waiting jobs.
+    old = registry.WorkerRecord.model_validate({k: v for k, v in record.model_dump().items() if k != "room"})
+    assert old.room is None and not old.full
+    assert old.model_copy(update={"waiting": 1}).full
+    assert old.model_copy(update={"running": record.capacity}).full
 
 
 def test_jobs_per_second_and_the_latest_ttfts_ride_in_the_record():
     hb = heartbeat(None)
-    hb.update(stats(), stepped=True)
+    hb.update(stats(), 0, stepped=True)
     hb._rate_base = (hb._rate_base[0] - 2.0, 0, 0)
     for k in range(70):
         hb.first_token(100.4 + k)
     for _ in range(3):
         hb.job_finished()
-    hb.update(stats(), stepped=True)
+    hb.update(stats(), 0, stepped=True)
     assert hb.record.jobs_per_s == pytest.approx(1.5, rel=0.05)
     assert hb.record.ttft_ms_recent == [100 + k for k in range(6, 70)]  # the newest 64, rounded
     round_trip = registry.WorkerRecord.model_validate_json(hb.record.model_dump_json())
