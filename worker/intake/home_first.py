@@ -19,6 +19,10 @@ hungry, and so does a lane that becomes home, so a worker reads its own backlog 
 changes at run time (`move_home`, called between ticks by worker/fleet/home_watch.py as workers join and
 leave). What each read took is counted as taken from home or stolen (`from_home`, `stolen`).
 
+An owner with some room but more queued than that (HomeWatch reads the shards' backlogs) keeps the jobs
+it has room for: its lanes are stealable with a limit, the backlog past its room, and stealing stops
+there until HomeWatch looks again (`steal_left`).
+
 Stealing sticks to one victim lane: the lane stolen from last is stolen from again while its reads come
 back full and it stays stealable; only then does the worker pick another, the longest waiting of the
 hungry stealable lanes. A stolen job whose prefix the stealer has not cached recomputes it, so jobs
@@ -44,6 +48,7 @@ class HomeFirst(ReadPolicy):
         self.home: set[int] = set()
         self.move_home(home)
         self.stealable: set[int] | None = None  # None: every lane not home
+        self.steal_left: dict[int, int] = {}  # stealable lanes with a limit: how many more may be stolen
         self.from_home = 0  # jobs read from home lanes
         self.stolen = 0  # jobs read from other lanes
         self.victim: int | None = None  # the lane stolen from last, stolen from first while it has more
@@ -67,17 +72,26 @@ class HomeFirst(ReadPolicy):
             else:
                 self.dry.add(lane)
 
-    def set_stealable(self, lanes: set[int]) -> None:
+    def set_stealable(self, lanes: set[int], limits: dict[int, int] | None = None) -> None:
         """Lanes whose owner has no room or has left (worker/fleet/home_watch.py). A lane that becomes
         stealable starts hungry, so the worker tries it in its next round instead of waiting for an idle
-        turn on it or for patience's probe."""
+        turn on it or for patience's probe. `limits[k]`: steal at most this many from lane k until the
+        next call (an owner with some room keeps the jobs it has room for); lanes not in it: no limit."""
         before = set(range(self.lanes)) if self.stealable is None else self.stealable
         for k in set(lanes) - before - self.home:
             self.hungry[k] = True
         self.stealable = set(lanes)
+        self.steal_left = dict(limits or {})
 
     def may_steal(self, lane: int) -> bool:
-        return lane not in self.home and (self.stealable is None or lane in self.stealable)
+        return (
+            lane not in self.home
+            and (self.stealable is None or lane in self.stealable)
+            and self.steal_left.get(lane, 1) > 0
+        )
+
+    def may_read(self, lane: int) -> bool:
+        return lane in self.home or self.may_steal(lane)
 
     def shares(self, room: int, first: int = 0) -> list[int]:
         shares = super().shares(room, first)
@@ -107,6 +121,8 @@ class HomeFirst(ReadPolicy):
             self.from_home += got
         else:
             self.stolen += got
+            if lane in self.steal_left:
+                self.steal_left[lane] = max(0, self.steal_left[lane] - got)
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
@@ -135,5 +151,5 @@ class HomeFirst(ReadPolicy):
         for k in home:
             if left > 1:  # probes, leaving at least one entry to steal
                 shares[k], left = 1, left - 1
-        shares[others[0]] = left
+        shares[others[0]] = min(left, self.steal_left.get(others[0], left))
         return shares

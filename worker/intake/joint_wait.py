@@ -8,8 +8,11 @@ as any has an entry:
 
     XREADGROUP GROUP g c COUNT n BLOCK block_ms STREAMS s0 s1 .. sk  > > .. >
 
-COUNT is per stream, so n = room // lanes keeps the read within the room. Each entry goes to its lane's
-`arrived` list, as a round's read would put it (intake/stream_reader.py).
+COUNT is per stream, so n = room // lanes keeps the read within the room. Each lane's idle cap (the read
+policy's `idle_cap`) applies too: a lane capped at 0 (a live owner's shard, under HomeFirst) is left out,
+and COUNT is at most the smallest cap given, one count serving every stream (the rounds after the wait
+read the rest). Each entry goes to its lane's `arrived` list, as a round's read would put it
+(intake/stream_reader.py).
 """
 
 from __future__ import annotations
@@ -23,16 +26,29 @@ from worker.run.redis_io import execute_plain
 from worker.run.round import Round
 
 
-def wait_on_lanes(readers: list[Reader], arrived: list[list[Arrived]], room: int, block_ms: int) -> bool:
+def wait_on_lanes(
+    readers: list[Reader],
+    arrived: list[list[Arrived]],
+    room: int,
+    block_ms: int,
+    caps: list[int | None] | None = None,
+) -> bool:
     """Block until any lane has entries (up to block_ms), appending them to `arrived[k]` for lane k.
-    Returns False (nothing read) when the lanes cannot be read together, or room < lanes."""
-    first = readers[0]
-    same = {(id(r.client), r.cfg.group, r.cfg.consumer) for r in readers}
-    count = room // len(readers)
+    `caps[k]`: the most lane k may take (None: no cap of its own; 0: not read). Returns False (nothing
+    read) when the lanes cannot be read together, no lane may be read, or room < the lanes read."""
+    caps = caps if caps is not None else [None] * len(readers)
+    if len(caps) != len(readers):
+        raise ValueError(f"{len(caps)} idle caps for {len(readers)} lanes")
+    lanes = [k for k, cap in enumerate(caps) if cap != 0]
+    if not lanes:
+        return False
+    same = {(id(readers[k].client), readers[k].cfg.group, readers[k].cfg.consumer) for k in lanes}
+    count = min([room // len(lanes)] + [cap for cap in caps if cap])
     if len(same) != 1 or count < 1:
         return False
-    lane_of = {r.cfg.keys.requests.encode(): k for k, r in enumerate(readers)}
-    if len(lane_of) != len(readers):
+    first = readers[lanes[0]]
+    lane_of = {readers[k].cfg.keys.requests.encode(): k for k in lanes}
+    if len(lane_of) != len(lanes):
         return False  # two lanes on one stream: a single read cannot tell them apart
 
     def handle(reply) -> None:
@@ -45,7 +61,7 @@ def wait_on_lanes(readers: list[Reader], arrived: list[list[Arrived]], room: int
             arrived[lane_of[name]].extend(Arrived(eid, fields) for eid, fields in entries)
 
     rnd = Round()
-    streams = {r.cfg.keys.requests: ">" for r in readers}
+    streams = {readers[k].cfg.keys.requests: ">" for k in lanes}
     rnd.add(
         lambda p: p.xreadgroup(first.cfg.group, first.cfg.consumer, streams, count=count, block=block_ms),
         handle,
@@ -59,7 +75,7 @@ def wait_on_lanes(readers: list[Reader], arrived: list[list[Arrived]], room: int
         first.health,
     )
     if any(isinstance(r, redis.ResponseError) and str(r).startswith("NOGROUP") for r in results):
-        for reader in readers:  # Redis restarted without persistence: a group is gone
-            reader.ensure_group()
+        for k in lanes:  # Redis restarted without persistence: a group is gone
+            readers[k].ensure_group()
     rnd.dispatch(results)
     return True

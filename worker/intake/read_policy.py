@@ -88,6 +88,16 @@ class ReadPolicy(ABC):
         """Lane's read asked for `asked` entries and got `got`."""
         self.hungry[lane] = got >= asked
 
+    def may_read(self, lane: int) -> bool:
+        """Whether this worker's reads may take from `lane` now (HomeFirst: not a live owner's shard)."""
+        return True
+
+    def backlog(self) -> bool:
+        """Whether a lane this worker may read probably has entries: then it reads in rounds that do not
+        block. Only readable lanes count: a hungry lane it may not read would have an idle worker poll
+        Redis, round after round, for work it must not take."""
+        return any(self.hungry[k] and self.may_read(k) for k in range(self.lanes))
+
     def idle_cap(self, lane: int) -> int | None:
         """The most entries an idle worker's blocking read of `lane` may take (None: all the room). An idle
         worker blocks on every lane in turn, outside the shares, so that no job waits while it is idle."""

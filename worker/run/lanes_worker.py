@@ -96,6 +96,9 @@ class LanesWorker:
         self.servers = servers or LaneServers()
         self.policy = policy
         self.between_ticks: list[Callable[[], None]] = []
+        # An idle cycle's joint wait (below) blocks at most this long: a hook in between_ticks that must
+        # run every so often even while idle (HomeWatch) lowers it to its interval.
+        self.idle_block_ms = cfg.block_ms
         per_lane_block = max(1, cfg.block_ms // len(lanes))
         self.workers: list[Worker] = []
         for k, (lane, client) in enumerate(zip(lanes, clients, strict=True)):
@@ -159,9 +162,12 @@ class LanesWorker:
         n = len(self.workers)
         room = self.workers[self._next].room()
         wait = not self._has_work(room, policy)
-        if wait and not self.stop.warm.is_set() and self._wait_together(room):
+        if wait and not self.stop.warm.is_set() and self._wait_together(room, policy):
             # The same lane leads the next cycle: only the lane leading a cycle has room left to claim
             # lapsed leases in (Worker._build_round), so every lane must lead in turn.
+            for k, worker in enumerate(self.workers):
+                if worker.arrived:
+                    policy.idle_read(k, len(worker.arrived))
             return
         order = [(self._next + i) % n for i in range(n)]
         self._next = (self._next + 1) % n
@@ -214,15 +220,17 @@ class LanesWorker:
         on every lane; before, idle lanes blocked in turn while another lane's jobs were admitted."""
         if self.shared.engine.has_unfinished_requests() or any(w.has_work() for w in self.workers):
             return True
-        return room > 0 and any(policy.hungry)
+        return room > 0 and policy.backlog()
 
-    def _wait_together(self, room: int) -> bool:
+    def _wait_together(self, room: int, policy: ReadPolicy) -> bool:
         """Idle on every lane: one blocking read over all of them when they share one Redis
-        (intake/joint_wait.py); False when they cannot be read together (then each blocks in turn)."""
+        (intake/joint_wait.py), each taking at most the policy's idle cap; False when they cannot be
+        read together (then each blocks in turn)."""
         if self._leaving:
             return False
         readers = [w.reader for w in self.workers]
-        return wait_on_lanes(readers, [w.arrived for w in self.workers], room, self.cfg.block_ms)
+        caps = [policy.idle_cap(k) for k in range(len(readers))]
+        return wait_on_lanes(readers, [w.arrived for w in self.workers], room, self.idle_block_ms, caps)
 
     def restart_lane(self, k: int, why: Exception) -> None:
         """Forget lane k's jobs (its server's state is the truth now) and accept its new server."""

@@ -81,6 +81,19 @@ def running(w: LanesWorker):
         w.observer.heartbeat.stop()
 
 
+def count_ticks(w: LanesWorker) -> list[float]:
+    """The times of `w`'s cycles from now on (LanesWorker.tick wrapped)."""
+    ticks: list[float] = []
+    tick = w.tick
+
+    def counted() -> None:
+        ticks.append(time.monotonic())
+        tick()
+
+    w.tick = counted
+    return ticks
+
+
 def events(r, job_id: str, shard: int) -> list[dict]:
     out = ShardedKeys("conveyor", SHARDS).shard(shard).out(job_id)
     return [json.loads(f[b"event"]) for _, f in r.xrange(out)]
@@ -127,11 +140,13 @@ def test_jobs_routed_by_key_run_exactly_once_and_homes_split_the_shards(redis_se
         assert group["pending"] == 0 and group["lag"] == 0
 
 
-def test_home_work_first_then_stealing_from_a_peer_that_does_not_read(redis_server, r):
+@pytest.mark.parametrize("max_num_seqs", [1, 12])
+def test_home_work_first_then_stealing_from_a_peer_that_does_not_read(redis_server, r, max_num_seqs):
     """A registered peer that never reads owns half the shards: this worker runs every job of its own
     shards first (no stealing while home has work), leaves the peer's alone while the peer has room, and
-    takes them once the peer's record says it is full (stealing)."""
-    ghost = heartbeat(r, "ghost")
+    takes them once the peer's record says it is full (stealing). With room for 12 jobs over 6 shards an
+    idle wait reads every lane at once (intake/joint_wait.py): the peer's lanes must be left out of it."""
+    ghost = heartbeat(r, "ghost", capacity=16)  # room for all 9 of its jobs: none would wait
     ghost.start()
     try:
         mine = home_shards(SHARDS, ["ghost", "w1"])["w1"]
@@ -145,14 +160,22 @@ def test_home_work_first_then_stealing_from_a_peer_that_does_not_read(redis_serv
                 job = {"id": job_id, "prompt": "p", "affinity": key_on(k), "max_tokens": 3}
                 jobs[job_id] = queue.submit(job)
                 assert jobs[job_id] == k
-        engine = RecordingEngine(max_num_seqs=1, step_s=0.003)
-        with running(affinity_worker(redis_server.url, engine, "w1")) as w:
+        engine = RecordingEngine(max_num_seqs=max_num_seqs, step_s=0.003)
+        w = affinity_worker(redis_server.url, engine, "w1")
+        ticks = count_ticks(w)
+        with running(w):
             for job_id, shard in jobs.items():
                 if shard in mine:
                     wait_until(lambda j=job_id, s=shard: done(r, j, s), 60, f"{job_id} done")
+            idle_from = len(ticks)
             time.sleep(1.0)  # the peer has room (its record): its shards are its own to read
             assert all(r.xinfo_groups(STREAMS[k])[0]["lag"] == 3 for k in theirs)
-            ghost.update(stats(running=ghost.record.capacity), stepped=True)  # the peer is full now
+            # Idle, it blocks on its own lanes (a registry interval each wait), not polling the peer's
+            # lanes in rounds that do not block (a round trip each, hundreds a second) for jobs it must
+            # not take.
+            assert w.idle_block_ms == 200
+            assert len(ticks) - idle_from <= 1.0 / 0.2 + 5
+            ghost.update(stats(running=ghost.record.capacity), 0, stepped=True)  # the peer is full now
             ghost.beat()
             for job_id, shard in jobs.items():
                 wait_until(lambda j=job_id, s=shard: done(r, j, s), 60, f"{job_id} done")

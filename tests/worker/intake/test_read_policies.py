@@ -251,3 +251,36 @@ def test_an_idle_worker_takes_one_job_from_a_lane_that_is_not_home():
     assert HomeFirst(3, {0}).idle_cap(0) is None and HomeFirst(3, {0}).idle_cap(2) == 1  # all stealable
     assert HomeFirst(3, set()).idle_cap(2) is None  # no home: all the room from any lane
     assert OneLane().idle_cap(0) is None
+
+
+def test_only_lanes_a_worker_may_read_count_as_its_backlog():
+    # A live owner's hungry shard is not this worker's work: counted, an idle worker would poll Redis in
+    # rounds that do not block instead of blocking on its own lanes (run/lanes_worker.py).
+    policy = HomeFirst(4, {0, 1})
+    policy.set_stealable(set())
+    for k in range(4):
+        policy.hungry[k] = k >= 2  # only the peer's lanes 2 and 3 look backlogged
+    assert not policy.backlog() and [policy.may_read(k) for k in range(4)] == [True, True, False, False]
+    policy.set_stealable({3})  # their owner is full now
+    assert policy.backlog()
+    policy.read_back(3, asked=2, got=0)
+    assert not policy.backlog()
+    policy.hungry[0] = True  # work at home
+    assert policy.backlog()
+    assert ReadShares(3).backlog() is False  # the base rule: any hungry lane
+
+
+def test_a_stealing_limit_caps_what_is_taken_from_a_lane_until_it_is_set_again():
+    # An owner with room for some of its backlog keeps those: only the excess may be stolen.
+    policy = HomeFirst(3, {0})
+    policy.read_back(0, asked=4, got=0)  # home is empty
+    policy.set_stealable({1, 2}, limits={1: 2})
+    policy.hungry[1:] = [True, False]  # lane 1 has a backlog
+    assert policy.shares(8) == [1, 2, 0]  # a probe home, 2 from lane 1 though 7 are left
+    policy.read_back(1, asked=2, got=2)
+    assert not policy.may_steal(1) and not policy.backlog()
+    policy.set_stealable({1}, limits={1: 3})  # HomeWatch looked again: 3 more past the owner's room
+    policy.hungry[1] = True
+    assert policy.may_steal(1) and policy.shares(8)[1] == 3
+    policy.set_stealable({1})  # the owner is full: no limit
+    assert policy.shares(8)[1] == 7
