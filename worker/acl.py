@@ -19,7 +19,7 @@ from worker.config import WorkerConfig
 # HSET of the alone field, refusals), run/aborts.py, run/job_lease.py, recover/takeover_claim.py,
 # run/cancel_listener.py, run/consumer_lease.py, run/lua_script.py, cli/preflight.py, the observer's
 # XINFO GROUPS, fleet/heartbeat.py (the registry record and index), fleet/home_watch.py (reads the
-# registry), and the scripts in
+# registry, and its peers' shards' XINFO GROUPS), and the scripts in
 # publish/publisher.py, intake/stream_trim.py and run/consumer_lease.py.
 WORKER_COMMANDS: tuple[str, ...] = (
     "ping",

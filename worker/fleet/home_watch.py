@@ -82,8 +82,15 @@ class HomeWatch:
         owned = home_shards(self.policy.lanes, self.peers)
         home = owned[self.consumer]
         records = {r.consumer: r for r in registry.live(members)}
-        full = {name for name, r in records.items() if r.waiting > 0 or r.running >= r.capacity}
-        # Shards whose owner has no room, or has left (its record lapsed): their jobs would wait.
+        full = {name for name, r in records.items() if r.full}
+        peers_with_room = {
+            name: records[name]
+            for name in owned
+            if name != self.consumer and name in records and name not in full
+        }
+        limits = self._excess(peers_with_room, owned)
+        # Shards whose owner has no room, or has left (its record lapsed): their jobs would wait; those of
+        # an owner with more queued than room, up to the excess.
         self.policy.set_stealable(
             {
                 k
@@ -91,6 +98,8 @@ class HomeWatch:
                 if name != self.consumer and (name in full or name not in records)
                 for k in mine
             }
+            | set(limits),
+            limits,
         )
         changed = self.policy.move_home(home) and self._last_home is not None  # not the first set
         self._last_home = home
@@ -107,6 +116,46 @@ class HomeWatch:
             self.metrics.jobs_read("stolen", stolen_n - self._counted[1])
             self._counted = (home_n, stolen_n)
         return changed
+
+    def _excess(self, peers: dict[str, registry.WorkerRecord], owned: dict[str, set[int]]) -> dict[int, int]:
+        """Per shard of a peer with more unread jobs in its shards (the group's lag, read now) than the
+        room its record shows, how many of that shard's may be stolen: the excess would wait for it while
+        this worker may have room. A record is up to two intervals old, so an owner taking its jobs a
+        slot at a time still looks as if it had room; the lag does not. The excess is taken from the
+        shards with the most queued first. Lags Redis cannot tell (None) count as none."""
+        if not peers:
+            return {}
+        names = sorted(peers)
+        lanes = [k for name in names for k in sorted(owned[name])]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for k in lanes:
+                pipe.xinfo_groups(self.streams[k])
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            log.warning("could not read the shards' backlogs; stealing by the records alone", error=str(exc))
+            return {}
+        lag = {k: group_lag(reply, self.group) for k, reply in zip(lanes, replies, strict=True)}
+        limits: dict[int, int] = {}
+        for name in names:
+            excess = sum(lag[k] for k in owned[name]) - peers[name].free
+            for k in sorted(owned[name], key=lambda k: -lag[k]):
+                if excess <= 0:
+                    break
+                limits[k] = min(lag[k], excess)
+                excess -= limits[k]
+        return limits
+
+
+def group_lag(reply, group: str) -> int:
+    """Entries of a stream not yet delivered to `group`, from its XINFO GROUPS reply (0 when unknown)."""
+    if isinstance(reply, Exception):  # no such stream yet: nothing queued
+        return 0
+    for info in reply:
+        name = info.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            return int(info.get("lag") or 0)
+    return 0
 
 
 def use_home_shards(
@@ -129,4 +178,6 @@ def use_home_shards(
         heartbeat=heartbeat,
     )
     w.between_ticks.append(watch)
+    # Idle, it wakes for each refresh: a peer that fills up is stolen from within an interval.
+    w.idle_block_ms = max(1, min(w.idle_block_ms, int(cfg.registry_interval_s * 1000)))
     return watch

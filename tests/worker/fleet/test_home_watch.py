@@ -136,10 +136,50 @@ def test_the_shards_of_a_peer_without_room_are_stealable(r):
     try:
         w()
         assert w.policy.stealable == set()  # b has room: its shards are b's to read
-        b.update(EngineStats(8, 0, 100, 0, 100, 0, 0, 0, 0), stepped=True)  # capacity 8: full
+        b.update(EngineStats(3, 0, 100, 0, 100, 0, 0, 0, 0), 5, stepped=True)  # 3 of 8 running: room
+        b.beat()
+        time.sleep(0.06)
+        w()
+        assert w.policy.stealable == set()
+        # Still 3 of 8 slots taken and none waiting, but its KV blocks are spent: it starts nothing.
+        b.update(EngineStats(3, 0, 100, 0, 100, 0, 0, 0, 0), 0, stepped=True)
         b.beat()
         time.sleep(0.06)
         w()
         assert w.policy.stealable == home_shards(SHARDS, ["a", "b"])["b"]
+        b.update(EngineStats(3, 0, 100, 0, 100, 0, 0, 0, 0), 2, stepped=True)  # room again
+        b.beat()
+        time.sleep(0.06)
+        w()
+        assert w.policy.stealable == set()
+    finally:
+        b.stop()
+
+
+def test_what_a_peer_has_queued_past_its_room_is_stealable(r):
+    # Its record shows room for 2; what its shards hold past that would wait for it.
+    from engine.outputs import EngineStats
+
+    b = beat(r, "b")
+    w = watch(r)
+    theirs = sorted(home_shards(SHARDS, ["a", "b"])["b"])
+    for k in theirs:
+        r.xgroup_create(STREAMS[k], "tiny", id="0", mkstream=True)
+    try:
+        b.update(EngineStats(3, 0, 100, 0, 100, 0, 0, 0, 0), 2, stepped=True)
+        b.beat()
+        r.xadd(STREAMS[theirs[0]], {"job": "{}"})
+        r.xadd(STREAMS[theirs[-1]], {"job": "{}"})
+        w()
+        assert w.policy.stealable == set()  # 2 queued, room for 2
+        r.xadd(STREAMS[theirs[0]], {"job": "{}"})
+        time.sleep(0.06)
+        w()
+        # One past its room: one may be stolen, from the shard with the most queued.
+        assert w.policy.stealable == {theirs[0]} and w.policy.steal_left == {theirs[0]: 1}
+        r.xreadgroup("tiny", "b", {STREAMS[k]: ">" for k in theirs})  # b takes them
+        time.sleep(0.06)
+        w()
+        assert w.policy.stealable == set()
     finally:
         b.stop()
