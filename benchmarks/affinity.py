@@ -7,7 +7,8 @@ affinity, in one run.
     python benchmarks/affinity.py --repeats 3        # 3 runs of both modes (ABBA order): medians
 
 Setup: a redis-server of its own, 3 `conveyor worker` processes (the tiny model, one torch thread each,
---shards S on one Redis), each with a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct
+--shards S on one Redis, the workers' default batch limit of 64 sequences unless --max-num-seqs; sessions
+6-8 ran 8), each with a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct
 512-token prefixes, each followed by 8 short suffixes, all 288 jobs queued at once in random order, 32
 output tokens, greedy. Multi-turn run: 24 conversations (each opened by a document of its own) of 6
 turns, turns interleaved (turn k of every conversation, then turn k+1 with the replies). "without": jobs
@@ -15,7 +16,9 @@ carry no key (spread by id over the shards) and workers read every shard alike (
 "with": jobs carry the default key (worker/affinity_key.py) and workers run with --affinity (home shards
 by rendezvous hashing, then stealing).
 
-Reported per mode: prompt tokens computed (counted by the engines, summed from the registry records:
+Reported per mode: the CPU seconds of each worker, redis-server and this process over the prefix run
+(`cpu_s`: the 2 cores are the budget, so a worker that spins costs the others), prompt tokens computed
+(counted by the engines, summed from the registry records:
 looked up minus found in the prefix cache) against received, output tok/s, jobs per worker (from the
 workers' "job finished" log lines), p99 queue wait (the done events' queue_ms), and the multi-turn hit
 rate. Prompt tokens computed is a count and holds on a loaded machine; the wall-clock figures do not.
@@ -100,7 +103,9 @@ def start_workers(args, url: str, model: str, keyed: bool, logs: Path) -> list[t
         cmd = [sys.executable, "-m", "worker.cli", "worker", "--model", model, "--redis-url", url]
         cmd += ["--consumer", f"w{i}", "--group", GROUP, "--metrics-port", "0", "--torch-threads", "1"]
         cmd += ["--shards", str(args.shards), "--num-kv-blocks", str(args.kv_blocks), "--block-size", "16"]
-        cmd += ["--max-num-seqs", str(args.max_num_seqs), "--registry-interval", "0.5", "--dtype", "float32"]
+        cmd += ["--registry-interval", str(args.registry_interval), "--dtype", "float32"]
+        if args.max_num_seqs is not None:  # else the worker's own default (64)
+            cmd += ["--max-num-seqs", str(args.max_num_seqs)]
         cmd += ["--log-level", "info", *(["--affinity"] if keyed else [])]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         procs.append(
@@ -181,12 +186,19 @@ def finished_per_worker(logs: list[Path], ids: set[str]) -> list[int]:
     return counts
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
-def one_mode(args, url: str, model: str, tokenizer, keyed: bool, logs: Path) -> dict:
+def one_mode(args, server, model: str, tokenizer, keyed: bool, logs: Path) -> dict:
+    url = server.url
     client = connect(url)
     client.flushall()
     mode = "with" if keyed else "without"
@@ -212,7 +224,17 @@ def one_mode(args, url: str, model: str, tokenizer, keyed: bool, logs: Path) -> 
         ]
         rng.shuffle(jobs)
         before = counters(client)
+        pids = {
+            "workers": [proc.pid for proc, _ in procs],
+            "redis": [server.process.pid],
+            "bench": [os.getpid()],
+        }
+        cpu_before = {name: [cpu_seconds(pid) for pid in group] for name, group in pids.items()}
         done, wall = run_jobs(queue, jobs)
+        cpu_used = {
+            name: [cpu_seconds(pid) - start for pid, start in zip(group, cpu_before[name], strict=True)]
+            for name, group in pids.items()
+        }
         after = settled_counters(client)
         failed = [i for i, e in done.items() if e["type"] != "done"]
         out_tokens = sum(e["usage"]["completion_tokens"] for e in done.values() if e["type"] == "done")
@@ -225,6 +247,8 @@ def one_mode(args, url: str, model: str, tokenizer, keyed: bool, logs: Path) -> 
             "jobs_per_worker": finished_per_worker([log for _, log in procs], {j["id"] for j in jobs}),
             "p99_queue_ms": p99([e["timing"]["queue_ms"] for e in done.values() if e["type"] == "done"]),
             "failed": len(failed),
+            # CPU seconds per process during the prefix run: the 2 cores' share of the wall time.
+            "cpu_s": cpu_used,
         }
         result["multi_turn_hit_rate"] = multi_turn(args, queue, client, tokenizer, mode, rng)
         return result
@@ -290,7 +314,10 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=512)
     parser.add_argument("--pool-prefixes", type=int, default=15, help="a worker's KV pool, in prefixes")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=None, help="the workers' batch limit (default: theirs, 64)"
+    )
+    parser.add_argument("--registry-interval", type=float, default=0.5, help="the workers' heartbeat, s")
     parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--doc-tokens", type=int, default=256)
@@ -314,7 +341,7 @@ def main() -> None:
                 run = {}
                 for keyed in (False, True) if r % 2 == 0 else (True, False):  # ABBA: drift cancels
                     run["with" if keyed else "without"] = one_mode(
-                        args, server.url, model, tokenizer, keyed, logs
+                        args, server, model, tokenizer, keyed, logs
                     )
                 runs.append(run)
     finally:
@@ -349,6 +376,12 @@ def report(args, runs: list[dict]) -> None:
         wo, w = median["without"][name], median["with"][name]
         print(f"{name:28}{wo:12.3f}{w:12.3f}{statistics.median(ratios[name]):8.2f}")
     print(f"{'busiest/least (with)':52}{statistics.median(ratios['busiest_least']):8.2f}")
+    for mode in MODES:  # CPU seconds over the prefix run, median per process kind
+        cpu = {
+            kind: statistics.median(sum(run[mode]["cpu_s"][kind]) for run in runs)
+            for kind in runs[0][mode]["cpu_s"]
+        }
+        print(f"  cpu s, {mode}: " + ", ".join(f"{kind} {sec:.2f}" for kind, sec in cpu.items()))
     if len(runs) > 1:
         for name in ("prompt_tokens_computed", "tok_s", "p99_queue_ms", "busiest_least"):
             print(f"  per run, {name}: {', '.join(f'{x:.2f}' for x in ratios[name])}")
