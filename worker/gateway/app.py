@@ -41,6 +41,8 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
         try:
             yield
         finally:
+            if app.state.hub is not None:  # in case the cancel below is lost (StreamHub.close)
+                app.state.hub.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -10,9 +10,11 @@ from worker.gateway.errors import unauthorized
 from worker.gateway.state import settings_of
 
 
-def tenant_of(request: Request) -> str | None:
+async def tenant_of(request: Request) -> str | None:
     """The tenant of the request's key; None when the gateway asks for no key. 401 for a missing or
-    unknown key. Every configured key is compared in constant time, so timing tells nothing about them."""
+    unknown key. Every configured key is compared in constant time, so timing tells nothing about them.
+    Async though it awaits nothing: FastAPI runs a plain `def` dependency on its thread pool, a hand-off
+    to a thread and back for every request, where this is a few comparisons."""
     keys = settings_of(request).api_keys
     if not keys:
         return None

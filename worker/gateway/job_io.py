@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import redis
 
 from worker.cluster.shard_keys import keys_of_shard_stream
@@ -54,12 +55,23 @@ async def submit(
     return stream
 
 
+def decode_event(raw: bytes) -> dict:
+    """An event's JSON. orjson parses it ~5x faster than json.loads (per token, the hub's largest cost);
+    what orjson refuses and Python's json reads (-Infinity, the logprob of a token that cannot be sampled,
+    as the worker's json.dumps writes it; NaN; an escaped lone surrogate) goes to json.loads. (orjson reads
+    an integer past 64 bits as a float: an event's integers are token ids, indexes and counts.)"""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
 def until_terminal(entries: list) -> list[dict]:
     """The events of one read's entries of an output stream, up to its terminal event (nothing follows
     one; were something there, no reader should see it)."""
     events = []
     for _, fields in entries:
-        events.append(event := json.loads(fields[EVENT_FIELD]))
+        events.append(event := decode_event(fields[EVENT_FIELD]))
         if event["type"] in TERMINAL:
             break
     return events

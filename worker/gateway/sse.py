@@ -1,14 +1,14 @@
 """A server-sent-events response that notices a client leaving while it waits for the next event.
 
 Starlette's StreamingResponse learns of a disconnect only when it next sends (ASGI 2.4) or cancels its
-iterator inside a task group where no await may follow; here the stream and a disconnect listener run side
-by side, and a client that leaves first gets `on_disconnect` awaited (the gateway cancels the job), with the
-stream task already stopped.
+iterator inside a task group where no await may follow; here the stream runs under `unless_disconnected`
+(in the task answering the request, so the first chunk goes out without a task started for it), and a
+client that leaves first gets `on_disconnect` awaited (the gateway cancels the job), with the stream
+already stopped.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +16,8 @@ from json.encoder import encode_basestring  # the C encoder's, when built
 from typing import Any
 
 from starlette.responses import Response
+
+from worker.gateway.disconnect import ClientLeft, unless_disconnected
 
 DONE = b"data: [DONE]\n\n"
 
@@ -76,28 +78,18 @@ class EventStream(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        stream = asyncio.ensure_future(self._stream(send))
-        listen = asyncio.ensure_future(self._listen(receive))
+        ended = False
         try:
-            await asyncio.wait({stream, listen}, return_when=asyncio.FIRST_COMPLETED)
+            await unless_disconnected(receive, self._stream(send))
+            ended = True
+        except (ClientLeft, OSError):  # OSError: sending to a closed socket
+            pass
         finally:
-            ended = stream.done() and not stream.cancelled() and stream.exception() is None
-            for task in (stream, listen):
-                task.cancel()
-            await asyncio.gather(stream, listen, return_exceptions=True)
             await self.chunks.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
             if not ended:  # the client left (or the stream failed): nobody will read the job's answer
                 await self.on_disconnect()
-        failure = None if stream.cancelled() else stream.exception()
-        if failure is not None and not isinstance(failure, OSError):  # OSError: sending to a closed socket
-            raise failure
 
     async def _stream(self, send) -> None:
         async for chunk in self.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    @staticmethod
-    async def _listen(receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass

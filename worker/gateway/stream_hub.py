@@ -7,6 +7,10 @@ note to this process's own wake stream, which every XREAD includes: the blocked 
 the next one includes the newcomer. Each stream is read from the last id handed out, so a lost connection
 or a worker's takeover loses and repeats nothing (as job_io.follow, which cluster mode uses instead: a
 multi-key XREAD must stay in one slot).
+
+After handing out one reply's events the reader yields to the loop, so the requests write their chunks
+before it parses the next reply: otherwise a reply that arrived meanwhile is parsed first and the last
+requests of the one before wait behind it too.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ class StreamHub:
     def __init__(self, client, keys: Keys, block_ms: int) -> None:
         self.client, self.block_ms = client, block_ms
         self.wake_key = f"{keys.prefix}:gateway-wake:{uuid.uuid4().hex}"
+        self._wake_bytes = self.wake_key.encode()
         self._last: dict[bytes, bytes] = {}  # output stream -> last entry id handed out
         self._queues: dict[bytes, asyncio.Queue] = {}
         self._wake_last = b"$"
         self._joined = asyncio.Event()
+        self._closed = False
 
     async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
         """The job's events in order, in the batches the reads returned, ending with the batch holding the
@@ -66,29 +72,55 @@ class StreamHub:
         except LOST:  # the reader retries on its own; it reads the newcomer once Redis answers
             pass
 
+    def close(self) -> None:
+        """Stop the reader at its next turn (within block_ms), whether or not a cancel reaches it."""
+        self._closed = True
+        self._joined.set()
+
     async def run(self) -> None:
-        """The reader: runs as long as the app (app.state.starters)."""
+        """The reader: runs as long as the app (app.state.starters); stops when cancelled or closed."""
         backoff = Backoff()
-        while True:
+        while not self._closed:
             if not self._last:
                 self._joined.clear()
                 await self._joined.wait()
+                continue  # closed meanwhile, or someone joined
             streams: dict[Any, bytes] = {self.wake_key: self._wake_last, **self._last}
             try:
                 reply: Any = await self.client.xread(streams, block=self.block_ms, count=1000)
             except redis.AuthenticationError:
                 raise
             except LOST:
+                _raise_if_cancel_lost()
                 await asyncio.sleep(backoff.next_delay())
                 continue
+            _raise_if_cancel_lost()
             backoff.reset()
-            for key, entries in reply or []:
-                key = key if isinstance(key, bytes) else key.encode()
-                if key == self.wake_key.encode():
-                    self._wake_last = entries[-1][0]
-                    continue
-                queue = self._queues.get(key)
-                if queue is None:  # its request ended meanwhile
-                    continue
-                self._last[key] = entries[-1][0]
-                queue.put_nowait(until_terminal(entries))
+            if self._hand_out(reply or []):
+                await asyncio.sleep(0)
+
+    def _hand_out(self, reply: list) -> bool:
+        """Each stream's entries to its request's queue; whether any request got some."""
+        handed = False
+        for key, entries in reply:
+            key = key if isinstance(key, bytes) else key.encode()
+            if key == self._wake_bytes:
+                self._wake_last = entries[-1][0]
+                continue
+            queue = self._queues.get(key)
+            if queue is None:  # its request ended meanwhile
+                continue
+            self._last[key] = entries[-1][0]
+            queue.put_nowait(until_terminal(entries))
+            handed = True
+        return handed
+
+
+def _raise_if_cancel_lost() -> None:
+    """A cancel that lands inside redis-py's blocking XREAD is sometimes swallowed there (redis-py 8.1: the
+    read returns its empty reply; about 1 in 100 cancels here), and the reader would block again. Python
+    3.11 counts the cancel (Task.cancelling) though it was not delivered; 3.10 cannot tell, and there the
+    reader stops when closed."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    if cancelling is not None and cancelling() > 0:
+        raise asyncio.CancelledError

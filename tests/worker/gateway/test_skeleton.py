@@ -65,3 +65,17 @@ def test_a_new_redis_connection_does_not_look_up_redis_pys_version(monkeypatch):
     monkeypatch.setattr(redis.utils, "get_lib_version", looked_up)
     for _ in range(2):
         assert client.connection_pool.make_connection() is not None
+
+
+def test_the_api_key_check_runs_on_the_event_loop(monkeypatch):
+    # A plain `def` dependency runs on FastAPI's thread pool, a hand-off per request; the key check awaits
+    # nothing, so it runs on the loop: with the pool unusable, requests are still answered.
+    import fastapi.dependencies.utils as dependency_utils
+
+    async def no_pool(*args, **kwargs):
+        raise AssertionError("a dependency ran on the thread pool")
+
+    settings = GatewaySettings(redis_url="redis://127.0.0.1:1/0", api_keys={"sk-1": "acme"})
+    with TestClient(create_app(settings)) as http:
+        monkeypatch.setattr(dependency_utils, "run_in_threadpool", no_pool)
+        assert http.get("/v1/models").status_code == 401  # refused by the check, before any Redis read
