@@ -68,10 +68,11 @@ class FaultProxy:
                 inbound, _ = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                import traceback
+            except OSError:  # closed (close() closes the listener under it); anything else is shown
+                if not self._closed.is_set():
+                    import traceback
 
-                traceback.print_exc()
+                    traceback.print_exc()
                 return
             if self.mode == "reset":
                 _reset(inbound)

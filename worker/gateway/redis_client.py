@@ -1,50 +1,17 @@
 """The gateway's `redis.asyncio` client, made as worker.connection.connect makes the worker's (bytes, RESP2,
 TLS options for rediss://), with redis-py's retries off: a request's own deadline decides how long to try.
 
-Replies are parsed by hiredis's C reader: redis-py picks it by itself when hiredis >= 3.2 is installed
-(redis.utils.HIREDIS_AVAILABLE). Commands are not: redis.asyncio packs them in Python (its sync client
-has a hiredis packer, the asyncio one has no such option), which for the hub's XREAD of every live
-stream, once per engine step, is tens of µs. So the connections here pack with hiredis."""
+Its connections pack commands with hiredis (worker/run/redis_io/async_packing.py)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.utils import HIREDIS_AVAILABLE
 
 from worker.connection import TlsOptions
 from worker.gateway.settings import GatewaySettings
-
-if HIREDIS_AVAILABLE:
-    from hiredis import pack_command
-
-
-class HiredisPacking:
-    """Mixed into a redis.asyncio connection class: one command packed by hiredis.pack_command. The
-    arguments are still encoded by redis-py's encoder first, so what goes out is byte for byte what
-    redis-py's packer writes (floats as repr, bool refused, str in the client's encoding)."""
-
-    encoder: Any
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        name, encode = args[0], self.encoder.encode
-        # A name with words in it ("CLIENT SETINFO") is several arguments to Redis.
-        words = name.encode().split() if isinstance(name, str) else name.split()
-        # hiredis takes bytes, not a memoryview or bytearray (which the encoder passes through as they are)
-        return [pack_command((*words, *[a if type(a) is bytes else bytes(encode(a)) for a in args[1:]]))]
-
-
-_PACKING: dict[type, type] = {}
-
-
-def _packing(base: type) -> type:
-    """`base` (the class the pool chose for the URL: TCP, TLS or a Unix socket) packing with hiredis."""
-    if base not in _PACKING:
-        _PACKING[base] = type(f"Hiredis{base.__name__}", (HiredisPacking, base), {})
-    return _PACKING[base]
+from worker.run.redis_io.async_packing import pack_with_hiredis
 
 
 def _driver_info() -> dict:
@@ -75,7 +42,5 @@ def connect_async(settings: GatewaySettings):
     client = aioredis.Redis.from_url(
         settings.redis_url, protocol=2, health_check_interval=15, retry=Retry(NoBackoff(), 0), **common
     )
-    if HIREDIS_AVAILABLE:  # a connection_class given to from_url loses to the one the URL's scheme names
-        pool = client.connection_pool
-        pool.connection_class = _packing(pool.connection_class)
+    pack_with_hiredis(client)
     return client
