@@ -277,7 +277,8 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
         interval_s=cfg.registry_interval_s,
         draining=w.stop.warm.is_set,
     )
-    heartbeat.update(engine.stats(), engine_room(engine), stepped=False)  # its pool, before the first step
+    stats = engine.stats()
+    heartbeat.update(stats, engine_room(engine, stats), stepped=False)  # its pool, before the first step
     return heartbeat
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 
 from engine.client import EngineClient
+from engine.outputs import EngineStats
 
 
-def engine_room(engine: EngineClient) -> int:
-    stats = engine.stats()
+def engine_room(engine: EngineClient, stats: EngineStats) -> int:
+    """`stats`: the engine's, just read (callers have them at hand; a remote engine's cost a call)."""
     if stats.num_waiting > 0:
         return 0
     free_slots, free_blocks = engine.free_capacity()

@@ -343,7 +343,7 @@ class Worker:
         """Jobs this worker can start now: free sequence slots, and KV blocks at the current per-job use."""
         if self.isolation.running_alone() or self.isolation.held:
             return 0
-        return max(0, engine_room(self.engine) - self._admitting - len(self.arrived))
+        return max(0, engine_room(self.engine, self.engine.stats()) - self._admitting - len(self.arrived))
 
     def _arrive_reclaimed(self, arrived: list[Arrived]) -> None:
         if arrived:

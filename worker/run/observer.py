@@ -92,15 +92,17 @@ class Observer:
         now = time.monotonic()
         if self.heartbeat is not None and now - self._last_load >= LOAD_EVERY_S:
             self._last_load = now
-            self.heartbeat.load(engine.stats(), engine_room(engine))
+            stats = engine.stats()
+            self.heartbeat.load(stats, engine_room(engine, stats))
         if now - self._last_rate < 1.0:
             # The last step of a busy spell: the registry must not keep showing its running jobs.
             if self.heartbeat is not None and busy and not engine.has_unfinished_requests():
-                self.heartbeat.update(engine.stats(), engine_room(engine), stepped=True)
+                stats = engine.stats()
+                self.heartbeat.update(stats, engine_room(engine, stats), stepped=True)
             return
         stats = engine.stats()
         if self.heartbeat is not None:
-            self.heartbeat.update(stats, engine_room(engine), stepped=busy)
+            self.heartbeat.update(stats, engine_room(engine, stats), stepped=busy)
         m = self.metrics
         m.running.set(stats.num_running)
         m.waiting.set(stats.num_waiting)
