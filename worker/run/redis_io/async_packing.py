@@ -13,6 +13,8 @@ from typing import Any
 
 from redis.utils import HIREDIS_AVAILABLE
 
+from worker.run.redis_io.wire import wire_command
+
 if HIREDIS_AVAILABLE:
     from hiredis import pack_command
 
@@ -25,11 +27,10 @@ class HiredisPacking:
     encoder: Any
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        name, encode = args[0], self.encoder.encode
-        # A name with words in it ("CLIENT SETINFO") is several arguments to Redis.
-        words = name.encode().split() if isinstance(name, str) else name.split()
+        encode = self.encoder.encode
         # hiredis takes bytes, not a memoryview or bytearray (which the encoder passes through as they are)
-        return [pack_command((*words, *[a if type(a) is bytes else bytes(encode(a)) for a in args[1:]]))]
+        encoded = [a if type(a) is bytes else bytes(encode(a)) for a in args[1:]]
+        return [pack_command(wire_command((args[0], *encoded)))]
 
 
 _PACKING: dict[type, type] = {}

@@ -105,7 +105,7 @@ def exchange_public(client: redis.Redis, rounds: Sequence[Round]) -> list[list[A
     for rnd in sent:
         pipe.execute_command(*_MULTI)
         for args, _ in rnd.stack:
-            pipe.execute_command(*_wire(args))
+            pipe.execute_command(*wire_command(args))
         pipe.execute_command(*_EXEC)
     try:
         replies = pipe.execute(raise_on_error=False)
@@ -138,7 +138,7 @@ def _packed(rounds: list[Round], connection) -> list[bytes]:
     """MULTI, the commands, EXEC for each round: the bytes of one write."""
     commands: list[tuple] = []
     for rnd in rounds:
-        commands += [_MULTI, *(_wire(args) for args, _ in rnd.stack), _EXEC]
+        commands += [_MULTI, *(wire_command(args) for args, _ in rnd.stack), _EXEC]
     if pack_command is not None:
         return [b"".join(map(pack_command, commands))]
     return connection.pack_commands(commands)
@@ -166,13 +166,12 @@ def _settle(rnd: Round, framed: list[Any], callbacks) -> list[Any] | BaseExcepti
     return results
 
 
-def _wire(args: tuple) -> tuple:
+def wire_command(args: tuple) -> tuple:
     """The command as sent: its name in bytes (see the module's docstring), split when redis-py names it in
-    two words ("XINFO GROUPS")."""
+    two words ("XINFO GROUPS"), as redis-py's own packer splits it (also async_packing.py)."""
     name = args[0]
-    if isinstance(name, str):
-        return (*(part.encode() for part in name.split()), *args[1:])
-    return args
+    words = name.encode().split() if isinstance(name, str) else name.split()
+    return (*words, *args[1:])
 
 
 def cut_off(client) -> None:
