@@ -5,55 +5,76 @@ The benchmark's first client (httpx, `--client httpx`) split lines and parsed ev
 as it came, in a process on the same two cores as the gateway and the engine, and stamped a chunk only
 after that work: the client's CPU slowed the engine and its queue showed as the gateway's added latency.
 Here the bytes are cut into events by httptools (C) as they arrive and stamped then; the events are parsed
-as JSON, and so checked, only after the last request ends.
+as JSON, and so checked, only after the last request ends. Each event also carries the kernel's receive
+time of its bytes (benchmarks/kernel_stamps.py, since session 11), which this process's own queue does not
+delay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httptools
 
+from benchmarks.kernel_stamps import receive, stamp_arrivals
 
-class _Answer(asyncio.Protocol):
-    """One connection; `ask` sends a request and returns its SSE events as (arrival time, bytes)."""
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+class _Answer:
+    """One connection, read with recvmsg on the loop's reader callback; `ask` sends a request and returns
+    its SSE events as (arrival time, kernel receive time, bytes)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.done: asyncio.Future | None = None  # the answer being read: set when it ends
-        self.now = 0.0
+        self.now = self.kernel = 0.0
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Answer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stamp_arrivals(sock)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        return cls(sock)
 
-    def connection_lost(self, exc) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(ConnectionError(f"the gateway closed the connection ({exc})"))
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        self.sock.close()
 
-    async def ask(self, request: bytes) -> tuple[int, list[tuple[float, bytes]]]:
+    async def ask(self, request: bytes) -> tuple[int, list[tuple[float, float, bytes]]]:
         self.parser = httptools.HttpResponseParser(self)
         self.done = asyncio.get_running_loop().create_future()
-        self.events: list[tuple[float, bytes]] = []
+        self.events: list[tuple[float, float, bytes]] = []
         self.rest = b""
-        assert self.transport is not None
-        self.transport.write(request)
+        await asyncio.get_running_loop().sock_sendall(self.sock, request)
         await self.done
         return self.parser.get_status_code(), self.events
 
-    def data_received(self, data: bytes) -> None:
+    def _readable(self) -> None:
+        try:
+            data, kernel = receive(self.sock, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
         self.now = time.time()
+        self.kernel = self.now if kernel is None else kernel
+        if not data:
+            if self.done is not None and not self.done.done():
+                self.done.set_exception(ConnectionError("the gateway closed the connection"))
+            return
         self.parser.feed_data(data)
 
     # httptools callbacks
     def on_body(self, body: bytes) -> None:
         *complete, self.rest = (self.rest + body).split(b"\n\n")
-        self.events.extend((self.now, event) for event in complete)
+        self.events.extend((self.now, self.kernel, event) for event in complete)
 
     def on_message_complete(self) -> None:
         if self.rest:
-            self.events.append((self.now, self.rest))
+            self.events.append((self.now, self.kernel, self.rest))
         assert self.done is not None
         self.done.set_result(None)
 
@@ -69,22 +90,22 @@ def _request(host: str, job_id: str, body: dict) -> bytes:
 
 async def stream_all(
     host: str, port: int, requests: list[tuple[str, dict]], clients: int, ready, go
-) -> tuple[int, float, dict[str, list[float]], float]:
+) -> tuple[int, float, dict[str, list[float]], dict[str, list[float]], float]:
     """Run the requests, `clients` at a time: the connections open, `ready` is set, and the requests go
-    once `go` is (both process Events). Returns the completion
-    tokens (from the usage chunks), the end time (perf_counter), per job the arrival time of each token's
-    chunk (a chunk with a choice and no finish reason, as the httpx client counted them), and the CPU
-    seconds this process spent from go to end."""
+    once `go` is (both process Events). Returns the completion tokens (from the usage chunks), the end
+    time (perf_counter), per job the arrival time of each token's chunk (a chunk with a choice and no
+    finish reason, as the httpx client counted them) as this process read it and as the kernel received
+    it (benchmarks/kernel_stamps.py), and the CPU seconds this process spent from go to end."""
     loop = asyncio.get_running_loop()
-    answers = [(await loop.create_connection(_Answer, host, port))[1] for _ in range(clients)]
+    answers = [await _Answer.open(host, port) for _ in range(clients)]
     pending = iter(requests)
-    raw: dict[str, list[tuple[float, bytes]]] = {}
+    raw: dict[str, list[tuple[float, float, bytes]]] = {}
 
     async def one_connection(answer: _Answer) -> None:
         for job_id, body in pending:  # a shared iterator: each connection takes the next request
             status, raw[job_id] = await answer.ask(_request(host, job_id, body))
             if status != 200:
-                raise RuntimeError(f"{job_id}: HTTP {status}: {b''.join(e for _, e in raw[job_id])!r}")
+                raise RuntimeError(f"{job_id}: HTTP {status}: {b''.join(e for _, _, e in raw[job_id])!r}")
 
     ready.set()
     await loop.run_in_executor(None, go.wait)
@@ -92,12 +113,11 @@ async def stream_all(
     await asyncio.gather(*(one_connection(a) for a in answers))
     end, cpu = time.perf_counter(), time.process_time() - cpu
     for answer in answers:
-        assert answer.transport is not None
-        answer.transport.close()
-    tokens, seen = 0, dict[str, list[float]]()
+        answer.close()
+    tokens, seen, seen_kernel = 0, dict[str, list[float]](), dict[str, list[float]]()
     for job_id, events in raw.items():
-        times = seen[job_id] = []
-        for at, event in events:
+        times, kernel_times = seen[job_id], seen_kernel[job_id] = [], []
+        for at, kernel_at, event in events:
             if not event.startswith(b"data: ") or event == b"data: [DONE]":
                 continue
             chunk = json.loads(event[6:])
@@ -105,4 +125,5 @@ async def stream_all(
                 tokens += chunk["usage"]["completion_tokens"]
             if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:
                 times.append(at)
-    return tokens, end, seen, cpu
+                kernel_times.append(kernel_at)
+    return tokens, end, seen, seen_kernel, cpu
