@@ -39,6 +39,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.kernel_stamps import receive, stamp_arrivals  # noqa: E402
 from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
 from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
@@ -92,8 +93,6 @@ class _RespReader:
 
         import hiredis
 
-        from benchmarks.kernel_stamps import stamp_arrivals
-
         options = redis.connection.parse_url(url)
         if url.startswith("rediss://") or "path" in options:
             raise SystemExit("benchmarks/http_e2e.py reads the streams over plain TCP: give a redis:// URL")
@@ -109,8 +108,6 @@ class _RespReader:
 
     def command(self, *args) -> tuple[Any, float, float]:
         """The reply; when this process had it parsed; when the kernel received its first bytes."""
-        from benchmarks.kernel_stamps import receive
-
         self.sock.sendall(self.pack(args))
         first = None
         while True:
