@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from worker.fleet.dashboard.app import dashboard_app
 from worker.gateway import batch_api, completions, errors, health, models
 from worker.gateway.body_limit import BodyLimit
+from worker.gateway.completion_lane import CompletionLane
 from worker.gateway.fleet_view import FleetView
 from worker.gateway.metrics import Counted
 from worker.gateway.redis_client import connect_async
@@ -57,6 +58,7 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     # Uploads to /v1/files have a limit of their own: the file's (--max-file-bytes, checked exactly by the
     # route) plus room for the multipart framing and the other form fields.
     uploads = {"/v1/files": settings.batches.max_file_bytes + 64 * 1024}
+    app.add_middleware(CompletionLane)  # innermost of these: inside the body limit and the metrics
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, paths=uploads)
     app.add_middleware(Counted)
     app.include_router(health.router)

@@ -9,7 +9,6 @@ job carries a deadline of --request-timeout, so a worker stops it then (504).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 import uuid
@@ -60,7 +59,7 @@ def job_id_for(request: Request, tenant: str | None) -> str:
 
 async def read_body(request: Request) -> dict[str, Any]:
     try:
-        body = json.loads(await request.body())
+        body = job_io.parse_json(await request.body())
     except ValueError as exc:
         raise invalid(f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -2,9 +2,10 @@
 each entry handed to its request's queue, instead of one blocking XREAD (and one Redis round trip per
 event) per request. With 64 streams live that is one round trip per engine step, not 64.
 
-A stream added while the XREAD blocks would wait for it to return; so each request, on joining, XADDs a
+A stream added while the XREAD blocks would wait for it to return; so a request joining then XADDs a
 note to this process's own wake stream, which every XREAD includes: the blocked read returns at once and
-the next one includes the newcomer. Each stream is read from the last id handed out, so a lost connection
+the next one includes the newcomer. One note per read: those joining after it (64 requests arriving
+together) ride on it, and a request joining between reads needs none. Each stream is read from the last id handed out, so a lost connection
 or a worker's takeover loses and repeats nothing (as job_io.follow, which cluster mode uses instead: a
 multi-key XREAD must stay in one slot).
 
@@ -37,6 +38,8 @@ class StreamHub:
         self._last: dict[bytes, bytes] = {}  # output stream -> last entry id handed out
         self._queues: dict[bytes, asyncio.Queue] = {}
         self._wake_last = b"$"
+        self._reading = False  # an XREAD is in flight: a newcomer is not in it
+        self._woken = False  # ... and a wake note was sent during it
         self._joined = asyncio.Event()
         self._closed = False
 
@@ -50,7 +53,9 @@ class StreamHub:
         # At the deadline a None joins the queue: one timer per request, not one per event (wait_for).
         timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, None)
         try:
-            await self._wake()
+            if self._reading and not self._woken:
+                self._woken = True
+                await self._wake()
             while True:
                 batch = await queue.get()
                 if batch is None:
@@ -86,6 +91,7 @@ class StreamHub:
                 await self._joined.wait()
                 continue  # closed meanwhile, or someone joined
             streams: dict[Any, bytes] = {self.wake_key: self._wake_last, **self._last}
+            self._reading, self._woken = True, False
             try:
                 reply: Any = await self.client.xread(streams, block=self.block_ms, count=1000)
             except redis.AuthenticationError:
@@ -94,6 +100,8 @@ class StreamHub:
                 _raise_if_cancel_lost()
                 await asyncio.sleep(backoff.next_delay())
                 continue
+            finally:
+                self._reading = False
             _raise_if_cancel_lost()
             backoff.reset()
             if self._hand_out(reply or []):

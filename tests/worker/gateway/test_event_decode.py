@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from worker.gateway.job_io import decode_event, until_terminal
+from worker.gateway.job_io import parse_json, until_terminal
 from worker.keys import EVENT_FIELD
 
 EVENTS = [
@@ -26,7 +26,7 @@ EVENTS = [
 @pytest.mark.parametrize("event", EVENTS, ids=lambda e: e["type"])
 def test_what_orjson_reads_is_what_json_reads(event):
     raw = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()  # as the worker writes it
-    assert decode_event(raw) == json.loads(raw) == event
+    assert parse_json(raw) == json.loads(raw) == event
 
 
 def test_a_minus_infinity_logprob_falls_back_to_json():
@@ -41,18 +41,18 @@ def test_a_minus_infinity_logprob_falls_back_to_json():
     }
     raw = json.dumps(event).encode()
     assert b"-Infinity" in raw
-    decoded = decode_event(raw)
+    decoded = parse_json(raw)
     assert decoded["logprobs"][0][1][1] == -math.inf and decoded == event
 
 
 def test_nan_and_lone_surrogates_fall_back_too():
-    assert math.isnan(decode_event(b'{"x":NaN}')["x"])
-    assert decode_event(b'{"text":"\\ud800"}') == {"text": "\ud800"}
+    assert math.isnan(parse_json(b'{"x":NaN}')["x"])
+    assert parse_json(b'{"text":"\\ud800"}') == {"text": "\ud800"}
 
 
 def test_what_neither_reads_is_still_an_error():
     with pytest.raises(ValueError):
-        decode_event(b'{"type": "tok')
+        parse_json(b'{"type": "tok')
 
 
 def test_until_terminal_decodes_each_entry_and_stops_at_the_terminal_one():

@@ -34,10 +34,10 @@ class OnePerRequest:
         return job_io.follow(self.client, keys, job_id, 100, deadline)
 
 
-async def _with_hub(url: str, body, kind: str) -> None:
+async def _with_hub(url: str, body, kind: str, block_ms: int = 1000) -> None:
     client = aioredis.Redis.from_url(url)
     keys = Keys(prefix=f"hubtest-{uuid.uuid4().hex}")  # the module's Redis is shared by its tests
-    hub = StreamHub(client, keys, block_ms=1000)
+    hub = StreamHub(client, keys, block_ms=block_ms)
     reader = asyncio.create_task(hub.run())
     try:
         await body(client, keys, hub if kind == "hub" else OnePerRequest(client))
@@ -87,6 +87,35 @@ def test_a_request_with_no_events_times_out_at_its_deadline(redis_server, kind):
             assert not hub._queues and not hub._last
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
+
+
+def test_requests_joining_during_a_blocked_read_are_read_at_once_with_one_wake_note(redis_server):
+    """The read in flight does not name the newcomers' streams: one note on the wake stream ends it for
+    all of them, and their events come long before the read's block (3 s) would have run out."""
+
+    async def body(client, keys, hub) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        first = hub.follow(keys, "first", deadline)
+        waiting = asyncio.ensure_future(anext(first))
+        await asyncio.sleep(0.3)  # the hub now blocks in an XREAD of "first" alone
+        assert hub._reading
+        late = [hub.follow(keys, f"late{k}", deadline) for k in range(10)]
+        reads = [asyncio.ensure_future(anext(batches)) for batches in late]
+        await asyncio.sleep(0.1)
+        started = loop.time()
+        for k in range(10):
+            await _add(client, keys, f"late{k}", [_token(k)])
+        assert [await read for read in reads] == [[_token(k)] for k in range(10)]
+        assert loop.time() - started < 1.5
+        info = await client.xinfo_stream(hub.wake_key)
+        assert info["entries-added"] == 1
+        waiting.cancel()
+        await asyncio.wait({waiting})
+        for batches in [first, *late]:
+            await batches.aclose()
+
+    asyncio.run(_with_hub(redis_server.url, body, "hub", block_ms=3000))
 
 
 class _Pipeline:
