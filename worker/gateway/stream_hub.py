@@ -5,9 +5,9 @@ event) per request. With 64 streams live that is one round trip per engine step,
 A stream added while the XREAD blocks would wait for it to return; so a request joining then XADDs a
 note to this process's own wake stream, which every XREAD includes: the blocked read returns at once and
 the next one includes the newcomer. One note per read: those joining after it (64 requests arriving
-together) ride on it, and a request joining between reads needs none. Each stream is read from the last id handed out, so a lost connection
-or a worker's takeover loses and repeats nothing (as job_io.follow, which cluster mode uses instead: a
-multi-key XREAD must stay in one slot).
+together) ride on it, and a request joining between reads needs none. Each stream is read from the last
+id handed out, so a lost connection or a worker's takeover loses and repeats nothing (as job_io.follow,
+which cluster mode uses instead: a multi-key XREAD must stay in one slot).
 
 After handing out one reply's events the reader yields to the loop, so the requests write their chunks
 before it parses the next reply: otherwise a reply that arrived meanwhile is parsed first and the last
@@ -53,9 +53,7 @@ class StreamHub:
         # At the deadline a None joins the queue: one timer per request, not one per event (wait_for).
         timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, None)
         try:
-            if self._reading and not self._woken:
-                self._woken = True
-                await self._wake()
+            await self._wake()
             while True:
                 batch = await queue.get()
                 if batch is None:
@@ -69,13 +67,17 @@ class StreamHub:
             self._last.pop(key, None)
 
     async def _wake(self) -> None:
+        """End the read in flight, which does not name the newcomer's stream; once per read."""
+        if not self._reading or self._woken:
+            return
+        self._woken = True
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.xadd(self.wake_key, {b"w": b"1"}, maxlen=16, approximate=True)
             pipe.expire(self.wake_key, WAKE_TTL_S)
             await pipe.execute()
-        except LOST:  # the reader retries on its own; it reads the newcomer once Redis answers
-            pass
+        except LOST:  # the next newcomer tries again; the reader retries on its own
+            self._woken = False
 
     def close(self) -> None:
         """Stop the reader at its next turn (within block_ms), whether or not a cancel reaches it."""

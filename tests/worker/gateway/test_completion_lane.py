@@ -64,7 +64,7 @@ def test_a_completion_post_goes_to_complete_with_its_tenant(lane, path):
         ("POST", "/v1/completions/", ""),
         ("POST", "/v1/models", ""),
         ("POST", "/v1/completions", "/api"),
-    ],  # fmt: skip
+    ],
 )
 def test_anything_else_goes_on_to_the_app(lane, method, path, root_path):
     app, seen = lane
