@@ -7,9 +7,10 @@ time to the backlogged lane (hungry: its last read was full) with the smallest c
 `job_cost` / w_k to a provisional counter (a job's cost is not known before it runs), so one round is
 split in proportion to the weights too; the real tokens are charged as they are served. A lane that
 becomes backlogged again starts at the smallest counter of the backlogged lanes (it banks no credit
-while idle). The lanes that are not backlogged are probed with one entry, one lane a round, the longest waiting first (when that
-leaves room for the backlogged lanes, else every other round), so a tenant whose jobs start to arrive
-is seen within about one round per idle lane; after `patience` rounds any lane is read one entry first
+while idle). The lanes that are not backlogged are probed with one entry, one lane a round, the longest
+waiting first, but not in a round after a probe that found nothing (ReadPolicy.may_probe), so a tenant
+whose jobs start to arrive is seen within about two rounds per idle lane (one while the probes find
+work); after `patience` rounds any lane is read one entry first
 (intake/read_policy.py). Ties go to the lane that waited longest.
 
 A flood in one lane cannot delay another lane's jobs behind it: the other lane's counter stays
@@ -48,7 +49,6 @@ class FairShare(ReadPolicy):
         self.job_cost = job_cost
         self.counter = [0.0] * len(weights)  # tokens given / weight
         self.hungry = [True] * len(weights)  # unknown: read as if backlogged until a read says otherwise
-        self._lone_probe = False  # the last split gave its whole room (1) to probing an idle lane
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
@@ -58,11 +58,8 @@ class FairShare(ReadPolicy):
             shares[idle[0]] = room
             return shares
         left = room
-        # A probe that takes the whole room delays the backlogged lanes by a round: at most every other one.
-        lone_probe = left == 1 and not self._lone_probe
-        if idle and (left > 1 or lone_probe):
+        if idle and self.may_probe(left, idle[0]):
             shares[idle[0]], left = 1, left - 1
-        self._lone_probe = bool(idle) and lone_probe
         provisional = {k: self.counter[k] for k in backlogged}
         for _ in range(left):
             k = min(backlogged, key=lambda k: provisional[k])  # stable: ties to the longest waiting

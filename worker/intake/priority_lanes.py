@@ -4,9 +4,8 @@ A worker that reads a single stream orders only what it has already taken: a job
 behind eight jobs of priority 10 waits for them (issue 23). With a lane per level, the room goes to the
 levels in order: a hungry lane (its last read was full) takes all that is left; a lane that came back
 short is drained, and is probed with one entry so that new work is seen (a full probe makes it hungry
-again): every round while that leaves room for the levels below, else every other round (a probe that
-takes the whole room delays the levels below by a round; with several short levels, too, at most every
-other round). Lower levels get what the higher ones leave.
+again), but not in a round after one whose probes all found nothing (ReadPolicy.may_probe: a probe's
+entry is room the levels below do not get for a step). Lower levels get what the higher ones leave.
 
 No level starves: a lane given nothing for `patience` rounds with room is given one entry first
 (intake/read_policy.py), so a level below a flood still moves, one job per `patience` rounds at least.
@@ -24,21 +23,16 @@ class PriorityLanes(ReadPolicy):
     def __init__(self, levels: int, patience: int = 8) -> None:
         super().__init__(levels, patience)
         self.hungry = [True] * levels  # unknown: read as if full until a read says otherwise
-        # The last split gave its whole room (1) to probing a short lane: the next one leaves it below.
-        self._lone_probe = False
 
     def split(self, room: int, first: int) -> list[int]:
         shares = [0] * self.lanes
         left = room
-        lone_probe = False
         for k in range(self.lanes):
             if left == 0:
                 break
             if self.hungry[k]:
                 shares[k] = left
-            elif left > 1 or (not self._lone_probe and self.waited[k] >= 1):
+            elif (left > 1 or self.waited[k] >= 1) and self.may_probe(left, k):
                 shares[k] = 1
-                lone_probe = left == 1
             left -= shares[k]
-        self._lone_probe = lone_probe
         return shares

@@ -12,15 +12,19 @@ order takes over. So a worker's batch is made of few shards, and each step write
 carrying many events each rather than one per shard carrying a few: Redis's cost per call (a MULTI/EXEC
 round, an EVALSHA, a read and a reply) is paid per shard in a step. Shared evenly at every refill, a
 batch soon spanned every shard (6 shards on 3 masters: 85-90 script calls per thousand events, 48-51
-this way; benchmarks/redis_scale.py). Every hungry shard gets its
-turn in order, so none starves. A shard that is not hungry asks for one job when it is first in the
-cycle's rotating order (so it notices new work within one rotation, and a full read makes it hungry),
-and for nothing otherwise. With no hungry shard (short queues) the first in the rotation may read all
-the room: one read per cycle, not one per shard per cycle on streams that are mostly empty, and any
-shard's new work is seen within one rotation.
+this way; benchmarks/redis_scale.py). Every hungry shard gets its turn in order, so none starves.
 
-    room 8, 4 shards, shards 2 and 3 hungry, turn at 2, shard 0 first  ->  [1, 0, 8, 0]
-    ... shard 2 has read 8 (a turn's worth)                            ->  [1, 0, 0, 8]
+The shards that are not hungry are probed with one job of the room, one a cycle, the longest waiting
+first, but not in a cycle after a probe that found nothing (ReadPolicy.may_probe): each notices new
+work within about two cycles with room per such shard (one while the probes find work), and a full
+probe makes it hungry. Before, the rotation's first shard was probed in every cycle with room: when
+one slot freed at a time, the probes of 7 empty shards took it in 7 cycles of 8, and the hungry shard's
+refill came in pieces as the rotation came round to it. With no hungry shard (short queues)
+the first in the rotation may read all the room: one read per cycle, not one per shard per cycle on
+streams that are mostly empty, and any shard's new work is seen within one rotation.
+
+    room 8, 4 shards, shards 2 and 3 hungry, turn at 2, shard 0 waited longest  ->  [1, 0, 7, 0]
+    ... shard 2 has read 8 (a turn's worth), shard 0's probe found nothing      ->  [0, 0, 0, 8]
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from worker.intake.read_policy import ReadPolicy
 
 class ReadShares(ReadPolicy):
     """No lane starves: a hungry shard waits at most one turn per other hungry shard; a shard that is not
-    hungry is probed within one rotation of the cycle's first shard (`first`)."""
+    hungry is probed within two cycles with room per such shard."""
 
     def __init__(self, shards: int, turn: int = 0) -> None:
         super().__init__(shards)
@@ -46,8 +50,11 @@ class ReadShares(ReadPolicy):
             return [room if k == first else 0 for k in range(n)]
         if not self.hungry[self.turn]:
             self._next_turn()
-        shares = [int(k == first and not h) for k, h in enumerate(self.hungry)]
-        shares[self.turn] = room
+        shares = [0] * n
+        short = self.by_wait([k for k in range(n) if not self.hungry[k]])
+        if short and self.may_probe(room, short[0]):
+            shares[short[0]] = 1
+        shares[self.turn] = room - sum(shares)
         return shares
 
     def read_back(self, shard: int, asked: int, got: int) -> None:

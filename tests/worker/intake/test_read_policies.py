@@ -48,8 +48,7 @@ def test_never_more_than_the_room_and_every_waiting_lane_is_read(name, lanes, ro
     for room in rounds:
         shares = policy.shares(room, first=room % n)
         assert len(shares) == n and min(shares) >= 0 and max(shares) <= max(room, 0)
-        # ReadShares may probe the rotation's first lane on top of the turn's full share (read_policy.py).
-        assert sum(shares) <= room + (1 if name == "shares" else 0)
+        assert sum(shares) <= room
         feed(policy, shares, backlog)
         for k in range(n):
             since[k] = 0 if shares[k] or room <= 0 else since[k] + 1
