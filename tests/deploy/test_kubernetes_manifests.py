@@ -20,6 +20,7 @@ import yaml
 
 from worker.keys import Keys
 from worker.run.loop import LAST_WRITE_S
+from worker.run.stop import CUT_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "deploy" / "kubernetes"
@@ -107,7 +108,7 @@ def conveyor_problems(docs: list[dict]) -> list[str]:
     if container["resources"].get("limits", {}).get("nvidia.com/gpu") != 1:
         problems.append("the worker asks for no GPU")
     drain = float(env.get("CONVEYOR_DRAIN_TIMEOUT", "30"))
-    if pod.get("terminationGracePeriodSeconds", 30) <= drain + LAST_WRITE_S:
+    if pod.get("terminationGracePeriodSeconds", 30) <= drain + CUT_GRACE_S + LAST_WRITE_S:
         problems.append("terminationGracePeriodSeconds does not exceed the drain timeout and the last write")
     (gw,) = gateway["spec"]["template"]["spec"]["containers"]
     if gw.get("args", [None])[0] != "serve" or 8000 not in [p["containerPort"] for p in gw["ports"]]:

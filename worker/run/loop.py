@@ -440,6 +440,8 @@ class Worker:
         """Write what is owed and release the jobs left (unless Redis is lost: then write nothing more).
         Safe on a worker that never started."""
         self._redis_lost = self._redis_lost or redis_lost
+        # The loop has ended: the drain's cut-off is for a loop stuck in a read, not for the last write.
+        self.stop.forget(self._cut_off)
         left = [j for j in self.inflight.values() if not j.dropped]
         # Events already produced are written; unfinished jobs stay unacknowledged for another worker,
         # and their owner keys go so it need not wait for them to expire.
@@ -459,7 +461,6 @@ class Worker:
             self.cancels.stop()
             gc.unfreeze()
         self.io.shutdown(wait=True)
-        self.stop.forget(self._cut_off)
         # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
         unacked = len(left) + len(self.arrived) + self._admitting
         log.info("worker stopped", left_unacknowledged=unacked)

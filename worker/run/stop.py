@@ -3,8 +3,12 @@
 Signal handlers only call `request()`. Everything that waits (back-off after a Redis error, an idle loop)
 waits on `sleep()`, which wakes at once when a stop is asked for, so a stop is bounded by the drain timeout
 even while Redis is unreachable or full. A read that hangs on a frozen network (no error, no reply) does
-not wait on `sleep()`: when the drain time runs out (or at a cold stop) the `on_expired` callbacks run on
-a timer thread, and the worker's one cuts its Redis sockets (worker.run.redis_io.cut_off).
+not wait on `sleep()`: `grace_s` after the drain time runs out (at once at a cold stop) the `on_expired`
+callbacks run on a timer thread, and the worker's one cuts its Redis sockets (worker.run.redis_io.cut_off).
+The grace is for a loop that is not stuck: it sees the drain time run out at its next tick, forgets the
+callback and writes its last round (releases, refunds), bounded on its own (Worker._last_write). Cut at
+the drain time itself, the sockets went in the middle of that tick, and the last round with them (a
+drained job's attempt was not refunded, seen in a loaded CI run: tests/worker/run/test_flow_fake.py).
 """
 
 from __future__ import annotations
@@ -13,28 +17,32 @@ import threading
 import time
 from collections.abc import Callable
 
+CUT_GRACE_S = 1.0  # past the drain time, before a stuck loop's sockets are cut (see the module docstring)
+
 
 class StopRequested(Exception):
     """Raised out of a retry loop when the stop's time is up: the worker ends without finishing the action."""
 
 
 class StopFlag:
-    def __init__(self, drain_timeout_s: float = 30.0) -> None:
-        self.drain_timeout_s = drain_timeout_s
+    def __init__(self, drain_timeout_s: float = 30.0, grace_s: float = CUT_GRACE_S) -> None:
+        self.drain_timeout_s, self.grace_s = drain_timeout_s, grace_s
         self.warm = threading.Event()
         self.cold = threading.Event()
         self.drain_deadline: float | None = None  # time.monotonic() when a warm stop turns cold
         self._on_expired: list[Callable[[], None]] = []
         self._fired = threading.Event()
+        self._lock = threading.Lock()  # a callback forgotten is not called after, nor while, forget returns
 
     def on_expired(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (on a timer thread) once the stop is cold or its drain time is over."""
+        """Call `callback` (on a timer thread) once the stop is cold or `grace_s` after its drain time."""
         self._on_expired.append(callback)
 
     def forget(self, callback: Callable[[], None]) -> None:
         """Do not call `callback` after all (its worker has stopped: its client may live on elsewhere)."""
-        if callback in self._on_expired:
-            self._on_expired.remove(callback)
+        with self._lock:
+            if callback in self._on_expired:
+                self._on_expired.remove(callback)
 
     def request(self) -> None:
         if self.warm.is_set():
@@ -43,16 +51,17 @@ class StopFlag:
             return
         self.drain_deadline = time.monotonic() + self.drain_timeout_s
         self.warm.set()
-        timer = threading.Timer(self.drain_timeout_s, self._expire)
+        timer = threading.Timer(self.drain_timeout_s + self.grace_s, self._expire)
         timer.daemon = True
         timer.start()
 
     def _expire(self) -> None:
-        if self._fired.is_set():
-            return
-        self._fired.set()
-        for callback in list(self._on_expired):
-            callback()
+        with self._lock:
+            if self._fired.is_set():
+                return
+            self._fired.set()
+            for callback in list(self._on_expired):
+                callback()
 
     def expired(self) -> bool:
         """A cold stop, or a warm one whose drain time is over: stop waiting for Redis."""

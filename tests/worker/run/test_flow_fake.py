@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
+import structlog
 
 from tests.helpers.worker_fakes import FakeEngine, blocked_clients, running_worker, wait_until
 from worker.client import collect, enqueue
@@ -218,6 +220,38 @@ def test_reads_only_what_fits(redis_server, r):
         assert max(engine.batch_sizes) <= 2
         for k in range(6):
             assert collect(r, f"f{k}", timeout_s=20)[-1]["type"] == "done"
+
+
+# Redis busy for 1.5 s (a script spinning on TIME): every other client's command waits for it.
+_BUSY = "local t = redis.call('TIME') repeat local n = redis.call('TIME') until (n[1] - t[1]) * 1e6 + n[2] - t[2] > 1.5e6"
+
+
+def test_the_last_round_is_not_cut_off_by_the_drain_timer(redis_server, r, monkeypatch):
+    """The loop ends at the drain time (0.2 s) and its last round (releases, refunds) meets a Redis busy
+    for 1.5 s, past the drain timer's cut-off (0.2 s + the 1 s grace): the round still lands. The timer
+    once cut the sockets under that write (the job's attempt stayed counted, seen in a loaded CI run)."""
+    from worker.run import loop
+
+    r.xgroup_create(K.requests, "test", id="0", mkstream=True)
+    enqueue(r, {"id": "long", "prompt": "x", "max_tokens": 400})
+    real, busy = loop.execute, []
+
+    def execute(client, rnd):
+        if worker.stop.expired() and not busy:  # the last round: hold Redis up under it
+            busy.append(threading.Thread(target=lambda: r.eval(_BUSY, 0)))
+            busy[0].start()
+            time.sleep(0.1)
+        return real(client, rnd)
+
+    monkeypatch.setattr(loop, "execute", execute)
+    with structlog.testing.capture_logs() as logs:
+        with running_worker(FakeEngine(step_s=0.01), redis_server.url, drain_timeout_s=0.2) as worker:
+            wait_until(lambda: r.xlen(K.out("long")) >= 3, 10, "tokens of the long job")
+    busy[0].join()
+    # (Redis applies a round it has received even when the reply's read is cut: the log tells.)
+    assert "could not write the last round" not in [e["event"] for e in logs]
+    assert r.hget(K.attempts, "long") == b"0"
+    assert r.xpending(K.requests, "test")["pending"] == 1  # left for the next worker
 
 
 def test_a_warm_stop_gives_back_the_attempt_it_leaves_unfinished(redis_server, r):
