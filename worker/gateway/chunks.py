@@ -39,8 +39,12 @@ class ChunkWriter:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        # A token's chunk, cut where its sample's index, its text and its logprobs go.
+        # The chunks that differ per event, cut where what differs goes: a token's (its sample's index,
+        # its text, its logprobs), a choice's last one (its index, its finish reason) and the usage.
         self._token = sse_template(self._payload([self._choice(hole(0), hole(1), None, hole(2))]), 3)
+        self._finish = sse_template(self._payload([self._choice(hole(0), None, hole(1), None)]), 2)
+        usage = {"prompt_tokens": hole(0), "completion_tokens": hole(1), "total_tokens": hole(2)}
+        self._usage = sse_template(self._payload([], usage=usage), 3)
 
     @property
     def chat(self) -> bool:
@@ -122,12 +126,21 @@ class ChunkWriter:
                 else APIError(500, f"the job was stopped ({why or 'aborted'})", type="server_error", code=why)
             )
             return [self.error(error)]
-        out = [self._chunk([self._choice(k, None, reason, None)]) for k, reason in enumerate(reasons)]
+        head, after_index, tail = self._finish
+        out = [
+            b"".join((head, b"%d" % k, after_index, json_bytes(why), tail)) for k, why in enumerate(reasons)
+        ]
         if self.include_usage:
             prompt, completion = done["usage"]["prompt_tokens"], done["usage"]["completion_tokens"]
-            usage = {"prompt_tokens": prompt, "completion_tokens": completion,
-                     "total_tokens": prompt + completion}  # fmt: skip
-            out.append(self._chunk([], usage=usage))
+            head, after_prompt, after_completion, tail = self._usage
+            counts = (
+                b"%d" % prompt,
+                after_prompt,
+                b"%d" % completion,
+                after_completion,
+                b"%d" % (prompt + completion),
+            )
+            out.append(b"".join((head, *counts, tail)))
         return out
 
     @staticmethod

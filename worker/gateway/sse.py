@@ -91,5 +91,9 @@ class EventStream(Response):
 
     async def _stream(self, send) -> None:
         async for chunk in self.chunks:
+            if chunk.endswith(DONE):  # the last body ends the response: one write, not two
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -113,6 +113,27 @@ def test_a_token_chunk_with_logprobs(url, text):
     assert piece == _sse(_expected(url, text, 0, shown, True))
 
 
+@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_the_ending_chunks_are_the_json_of_their_whole_dicts(url, include_usage):
+    """A choice's last chunk (its finish reason) and the usage chunk, spliced from templates too."""
+    writer = _writer(url, include_usage)
+    done = {"type": "done", "finish_reason": "stop", "finish_reasons": ["stop", "length", "stop"],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 1234}}  # fmt: skip
+    pieces = writer.ending(done)
+    expected = []
+    for k, why in enumerate(done["finish_reasons"]):
+        body = _expected(url, "", k, None, include_usage)
+        if url == CHAT_URL:
+            body["choices"][0]["delta"] = {}
+        body["choices"][0]["finish_reason"] = why
+        expected.append(body)
+    if include_usage:
+        usage = {"prompt_tokens": 7, "completion_tokens": 1234, "total_tokens": 1241}
+        expected.append({**_expected(url, "", 0, None, True), "choices": [], "usage": usage})
+    assert pieces == [_sse(body) for body in expected]
+
+
 def test_a_model_name_that_looks_like_a_hole_stays_a_name():
     # A client chooses the model name; the template's holes are not guessable from outside.
     writer = _writer(COMPLETIONS_URL, model='\x00hole1\x00 "tiny"')
