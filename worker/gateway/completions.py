@@ -112,12 +112,14 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         batches = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
     headers = {"x-request-id": job_id}
     streaming = False
-    # Built before the first event: it comes with other streams' events, whose chunks wait behind this.
-    writer = None
-    if stream:
-        include_usage = bool((options or {}).get("include_usage"))
-        writer = ChunkWriter(url, job_id, model, job.get("n") or 1, include_usage, settings.request_timeout_s)
     try:
+        # Built before the first event: it comes with other streams' events, whose chunks wait behind this.
+        writer = None
+        if stream:
+            include_usage = bool((options or {}).get("include_usage"))
+            writer = ChunkWriter(
+                url, job_id, model, job.get("n") or 1, include_usage, settings.request_timeout_s
+            )
         first = await unless_disconnected(request.receive, anext(batches))
         if first[0]["type"] == "error":
             raise from_worker(first[0]["code"], first[0]["message"])
