@@ -15,6 +15,8 @@ the Redis reader's XREAD returned the same token event (the k-th of that job; jo
 token's logprob, so every event has a chunk). Targets: gateway throughput >= 90% of Redis directly;
 added latency p99 < 5 ms. Also reported: the CPU seconds each process spent during each run (the
 gateway's from /proc), as the processes share the machine's cores. Writes JSON to benchmarks/results/.
+`--replicas N` runs N gateway processes, each on its own port, and the client opens its connections on
+them in turn, as a balancer in front of stateless replicas would spread them.
 
 The HTTP client is benchmarks/sse_client.py's (`--client raw`, the default since session 8), which stamps
 a chunk when its bytes arrive; `--client httpx` is the first one, which stamped a chunk after parsing it
@@ -130,8 +132,9 @@ def raw_clients(base: str, requests: list[tuple[str, dict]], clients: int, ready
 
     from benchmarks.sse_client import stream_all
 
-    host, port = base.removeprefix("http://").split(":")
-    result.put(uvloop.run(stream_all(host, int(port), requests, clients, ready, go)))
+    host, ports = base.removeprefix("http://").split(":")  # "host:port[,port...]": one per replica
+    ports_ = [int(port) for port in ports.split(",")]
+    result.put(uvloop.run(stream_all(host, ports_, requests, clients, ready, go)))
 
 
 def http_clients(base: str, requests: list[tuple[str, dict]], clients: int, ready, go, result) -> None:
@@ -240,28 +243,41 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_gateway(url: str, keys: Keys, workload, clients: int, ctx, client_kind: str) -> dict:
+def gateway_cpu(serves: list[subprocess.Popen]) -> float | None:
+    """The replicas' CPU seconds together (None where /proc cannot tell)."""
+    each = [cpu_seconds(serve.pid) for serve in serves]
+    return None if None in each else sum(each)  # type: ignore[arg-type]
+
+
+def run_gateway(
+    url: str, keys: Keys, workload, clients: int, ctx, client_kind: str, replicas: int = 1
+) -> dict:
     from worker.local_redis import free_port
 
-    port = free_port()
+    # Replicas behind no balancer: the client opens its connections on their ports in turn.
+    ports = [free_port() for _ in range(replicas)]
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "serve", "--redis-url", url, "--port", str(port),
-         "--prefix", keys.prefix, "--log-level", "warning"],
-        cwd=root, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    serve_cmd = [sys.executable, "-m", "worker.cli", "serve", "--redis-url", url,
+                 "--prefix", keys.prefix, "--log-level", "warning"]  # fmt: skip
+    serves = [
+        subprocess.Popen([*serve_cmd, "--port", str(port)], cwd=root, env=env, stdin=subprocess.DEVNULL)
+        for port in ports
+    ]
     try:
         import httpx
 
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if all(
+                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+                    for port in ports
+                ):
                     break
             except httpx.HTTPError:
                 pass
-            if time.monotonic() > deadline or serve.poll() is not None:
+            if time.monotonic() > deadline or any(serve.poll() is not None for serve in serves):
                 raise RuntimeError("the gateway did not start")
             time.sleep(0.1)
         time.sleep(1.0)  # the registry record is read at most every 0.5 s
@@ -272,24 +288,25 @@ def run_gateway(url: str, keys: Keys, workload, clients: int, ctx, client_kind: 
         ready_r, result_r = ctx.Event(), ctx.Queue()
         reader = ctx.Process(target=read_streams, args=(url, keys.prefix, ids, ready_r, result_r))
         ready_h, go, result_h = ctx.Event(), ctx.Event(), ctx.Queue()
-        base = f"http://127.0.0.1:{port}"
+        base = "http://127.0.0.1:" + ",".join(map(str, ports))
         target = raw_clients if client_kind == "raw" else http_clients
         client = ctx.Process(target=target, args=(base, requests, clients, ready_h, go, result_h))
         reader.start()
         client.start()
         ready_r.wait(60)
         ready_h.wait(60)
-        start, cpu, serve_cpu = time.perf_counter(), time.process_time(), cpu_seconds(serve.pid)
+        start, cpu, serve_cpu = time.perf_counter(), time.process_time(), gateway_cpu(serves)
         go.set()
         tokens, end, http_seen, http_kernel, client_cpu = result_h.get(timeout=900)
-        serve_cpu_end = cpu_seconds(serve.pid)
+        serve_cpu_end = gateway_cpu(serves)
         _, _, redis_seen, redis_kernel, reader_cpu = result_r.get(timeout=120)
         cpu = time.process_time() - cpu
         client.join()
         reader.join()
     finally:
-        serve.terminate()
-        serve.wait(timeout=30)
+        for serve in serves:
+            serve.terminate()
+            serve.wait(timeout=30)
     added, first, later, unmatched = _added(http_seen, redis_seen)
     kernel = None if http_kernel is None else _added(http_kernel, redis_kernel)[0]
     return {
@@ -298,6 +315,7 @@ def run_gateway(url: str, keys: Keys, workload, clients: int, ctx, client_kind: 
         "tokens_per_s": tokens / (end - start),
         "clients": clients,
         "client": client_kind,
+        "replicas": replicas,
         "added_latency_ms": percentiles(added),
         # Each request's first chunk: it waits for the answer to start, and for the gateway to finish
         # taking in the requests that arrived with it (with 64 requests, 64 of about 3000 chunks).
@@ -345,6 +363,10 @@ def main() -> None:
     parser.add_argument(
         "--client", choices=("raw", "httpx"), default="raw", help="the HTTP client (see above)"
     )
+    parser.add_argument(
+        "--replicas", type=int, default=1,
+        help="gateway processes, each on its port; the raw client opens its connections on them in turn",
+    )  # fmt: skip
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-blocks", type=int, default=4096)
@@ -354,6 +376,8 @@ def main() -> None:
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    if args.replicas < 1 or (args.replicas > 1 and args.client != "raw"):
+        parser.error("--replicas takes a count >= 1, and more than one needs --client raw")
     configure_logs("info")  # the worker logs as `conveyor worker` does: debug lines filtered, not printed
     if args.quick:
         args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
@@ -385,7 +409,7 @@ def main() -> None:
             f"  {direct['tokens_per_s']:.1f} tok/s; through the gateway ({args.clients} clients) ...",
             flush=True,
         )
-        gateway = run_gateway(url, keys, args.workload, args.clients, ctx, args.client)
+        gateway = run_gateway(url, keys, args.workload, args.clients, ctx, args.client, args.replicas)
     finally:
         worker.stop.request()
         thread.join(timeout=60)
@@ -412,7 +436,7 @@ def main() -> None:
     print(
         f"gateway  {gateway['tokens_per_s']:10.1f} tok/s  ({gateway['tokens']} tokens in {gateway['seconds']:.2f} s)"
     )
-    print(f"ratio    {ratio:10.3f}  (target >= 0.90)")
+    print(f"ratio    {ratio:10.3f}  (target >= 0.90; {args.replicas} gateway replica(s))")
     print("cpu s    " + "  ".join(f"{k} {v:.2f}" for k, v in gateway["cpu_s"].items() if v is not None))
     print(
         f"added per token  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  max {lat['max']:.2f} ms  (target p99 < 5 ms)"

@@ -89,15 +89,16 @@ def _request(host: str, job_id: str, body: dict) -> bytes:
 
 
 async def stream_all(
-    host: str, port: int, requests: list[tuple[str, dict]], clients: int, ready, go
+    host: str, ports: list[int], requests: list[tuple[str, dict]], clients: int, ready, go
 ) -> tuple[int, float, dict[str, list[float]], dict[str, list[float]], float]:
-    """Run the requests, `clients` at a time: the connections open, `ready` is set, and the requests go
+    """Run the requests, `clients` at a time: the connections open (on the ports in turn, one per gateway
+    replica), `ready` is set, and the requests go
     once `go` is (both process Events). Returns the completion tokens (from the usage chunks), the end
     time (perf_counter), per job the arrival time of each token's chunk (a chunk with a choice and no
     finish reason, as the httpx client counted them) as this process read it and as the kernel received
     it (benchmarks/kernel_stamps.py), and the CPU seconds this process spent from go to end."""
     loop = asyncio.get_running_loop()
-    answers = [await _Answer.open(host, port) for _ in range(clients)]
+    answers = [await _Answer.open(host, ports[k % len(ports)]) for k in range(clients)]
     pending = iter(requests)
     raw: dict[str, list[tuple[float, float, bytes]]] = {}
 
