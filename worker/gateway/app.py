@@ -19,6 +19,7 @@ from worker.gateway.body_limit import BodyLimit
 from worker.gateway.completion_lane import CompletionLane
 from worker.gateway.fleet_view import FleetView
 from worker.gateway.metrics import Counted
+from worker.gateway.own_reads import OwnReads
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
 from worker.gateway.stream_hub import StreamHub
@@ -33,17 +34,18 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
         app.state.redis = client if client is not None else connect_async(settings)
         app.state.fleet = FleetView(app.state.redis, app.state.keys)
         # One reader for every output stream (a multi-key XREAD stays in one slot: not in a cluster).
-        app.state.hub = (
-            None if settings.cluster else StreamHub(app.state.redis, app.state.keys, settings.block_ms)
+        hub = app.state.hub = (
+            OwnReads(app.state.redis, settings.block_ms)
+            if settings.cluster
+            else StreamHub(app.state.redis, app.state.keys, settings.block_ms)
         )
         tasks = [asyncio.create_task(start(app)) for start in app.state.starters]
-        if app.state.hub is not None:
-            tasks.append(asyncio.create_task(app.state.hub.run()))
+        if isinstance(hub, StreamHub):
+            tasks.append(asyncio.create_task(hub.run()))
         try:
             yield
         finally:
-            if app.state.hub is not None:  # in case the cancel below is lost (StreamHub.close)
-                app.state.hub.close()
+            hub.close()  # the hub: in case the cancel below is lost (StreamHub.close)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -17,7 +17,6 @@ body, so one write to the client's socket, however many tokens the batch holds.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,25 +146,15 @@ class ChunkWriter:
     def error(error: APIError) -> bytes:
         return sse(error.body())
 
+    def body(self, batch: list[dict], first: bool) -> tuple[bytes, bool]:
+        """The body for one read's events (the opening chunks before the first's), and whether it is the
+        last: a terminal event ends it with [DONE]. Empty when the events show no text yet."""
+        pieces = self.opening() if first else []
+        pieces += self.batch(batch)
+        if batch[-1]["type"] in TERMINAL:
+            return b"".join(pieces) + DONE, True
+        return b"".join(pieces), False
 
-async def chunks(
-    writer: ChunkWriter, batches: AsyncIterator[list[dict]], first: list[dict]
-) -> AsyncIterator[bytes]:
-    """SSE bytes for the batches of events, `first` (already read) first: one body per batch, the last one
-    ending with [DONE]."""
-    pieces = writer.opening()
-    try:
-        batch: list[dict] | None = first
-        while batch is not None:
-            pieces += writer.batch(batch)
-            if batch[-1]["type"] in TERMINAL:
-                break
-            if pieces:
-                yield b"".join(pieces)
-                pieces = []
-            batch = await anext(batches, None)
-    except TimeoutError:
-        pieces.append(writer.error(timed_out(writer.timeout_s)))
-    finally:
-        await batches.aclose()  # type: ignore[attr-defined]  # an async generator: stop following
-    yield b"".join(pieces) + DONE
+    def expired(self) -> bytes:
+        """The last body of a stream whose job ran past the request's timeout."""
+        return self.error(timed_out(self.timeout_s)) + DONE

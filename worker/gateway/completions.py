@@ -1,9 +1,9 @@
 """`POST /v1/chat/completions` and `/v1/completions`: an OpenAI request becomes a job on its model's stream,
 and the job's output stream becomes the answer (one body, or SSE chunks with `stream: true`).
 
-The first event is awaited before answering, so a job the worker refuses (invalid parameters, a prompt
-too long) is an HTTP error with its status even when streamed. A client that leaves cancels its job; the
-job carries a deadline of --request-timeout, so a worker stops it then (504).
+The status is sent with the first event, so a job the worker refuses (invalid parameters, a prompt too
+long) is an HTTP error with its status even when streamed (worker/gateway/sse.py). A client that leaves
+cancels its job; the job carries a deadline of --request-timeout, so a worker stops it then (504).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import response_body
 from worker.gateway import job_io
 from worker.gateway.auth import tenant_of
-from worker.gateway.chunks import ChunkWriter, chunks
+from worker.gateway.chunks import ChunkWriter
 from worker.gateway.disconnect import ClientLeft, unless_disconnected
 from worker.gateway.errors import APIError, from_worker, invalid, model_not_found, no_worker, timed_out
 from worker.gateway.sse import EventStream
@@ -105,36 +105,22 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         await job_io.cancel(client, job_keys, job_id, sharded=settings.cluster)
 
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
-    hub = request.app.state.hub
-    if hub is not None:
-        batches = hub.follow(job_keys, job_id, deadline)
-    else:
-        batches = job_io.follow(client, job_keys, job_id, settings.block_ms, deadline)
-    headers = {"x-request-id": job_id}
-    streaming = False
+    events, headers = request.app.state.hub, {"x-request-id": job_id}
+    if stream:
+        include_usage = bool((options or {}).get("include_usage"))
+        writer = ChunkWriter(url, job_id, model, job.get("n") or 1, include_usage, settings.request_timeout_s)
+        return EventStream(writer, events, job_keys, deadline, headers, cancel)
+    batches = events.follow(job_keys, job_id, deadline)
     try:
-        # Built before the first event: it comes with other streams' events, whose chunks wait behind this.
-        writer = None
-        if stream:
-            include_usage = bool((options or {}).get("include_usage"))
-            writer = ChunkWriter(
-                url, job_id, model, job.get("n") or 1, include_usage, settings.request_timeout_s
-            )
-        first = await unless_disconnected(request.receive, anext(batches))
-        if first[0]["type"] == "error":
-            raise from_worker(first[0]["code"], first[0]["message"])
-        if writer is not None:
-            streaming = True  # from here on the response follows the events, and stops following
-            return EventStream(chunks(writer, batches, first), headers, cancel)
-        found = first + (
-            []
-            if first[-1]["type"] in job_io.TERMINAL
-            else await unless_disconnected(request.receive, _rest(batches))
-        )
-        answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)
+        answer = _answer(
+            url, model, job_id, job, await unless_disconnected(request.receive, _rest(batches)),
+            settings.request_timeout_s,
+        )  # fmt: skip
     except TimeoutError:
         await cancel()
-        raise timed_out(settings.request_timeout_s) from None
+        exc = timed_out(settings.request_timeout_s)
+        exc.headers.update(headers)
+        raise exc from None
     except ClientLeft:
         await cancel()
         return Response(status_code=499)  # nobody reads it
@@ -142,8 +128,7 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         exc.headers.update(headers)
         raise
     finally:
-        if not streaming:
-            await batches.aclose()
+        await batches.aclose()
     return JSONResponse(answer, headers=headers)
 
 

@@ -80,25 +80,26 @@ def until_terminal(entries: list) -> list[dict]:
 
 
 async def follow(
-    client, keys: Keys, job_id: str, block_ms: int, deadline: float
+    client, keys: Keys, job_id: str, block_ms: int, deadline: float | None
 ) -> AsyncIterator[list[dict]]:
     """The job's events in order, in the batches the reads returned, ending with the batch holding the
     terminal event, read from its output stream from the last entry seen: events written before this
     call, a lost connection, or a worker taken over mid-job (its successor writes the next index) lose
-    nothing. Raises TimeoutError at `deadline` (loop time)."""
+    nothing. Raises TimeoutError at `deadline` (loop time; None: none)."""
     loop = asyncio.get_running_loop()
     key, last = keys.out(job_id), b"0"
     backoff = Backoff()
     while True:
-        left_ms = int((deadline - loop.time()) * 1000)
-        if left_ms <= 0:
+        left_s = float("inf") if deadline is None else deadline - loop.time()
+        if left_s <= 0:
             raise TimeoutError(job_id)
+        block = max(1, int(min(block_ms / 1000, left_s) * 1000))
         try:
-            reply: Any = await client.xread({key: last}, block=max(1, min(block_ms, left_ms)), count=1000)
+            reply: Any = await client.xread({key: last}, block=block, count=1000)
         except redis.AuthenticationError:
             raise
         except LOST:
-            await asyncio.sleep(min(backoff.next_delay(), max(0.0, deadline - loop.time())))
+            await asyncio.sleep(min(backoff.next_delay(), left_s))
             continue
         backoff.reset()
         if not reply:

@@ -9,25 +9,31 @@ together) ride on it, and a request joining between reads needs none. Each strea
 id handed out, so a lost connection or a worker's takeover loses and repeats nothing (as job_io.follow,
 which cluster mode uses instead: a multi-key XREAD must stay in one slot).
 
-After handing out one reply's events the reader yields to the loop, so the requests write their chunks
-before it parses the next reply: otherwise a reply that arrived meanwhile is parsed first and the last
-requests of the one before wait behind it too.
+A streamed answer attaches a sink, called in the reader's own pass with each batch of its stream's
+events: it writes its chunks there (worker/gateway/sse.py), so one reply's 50 streams cost one pass, not
+50 tasks woken one after another, each through its generators, before its chunk goes out. A request that
+awaits its events (an answer sent whole, a stream's first event) follows them through a queue instead.
+After handing out one reply's events the reader yields to the loop, so those requests go on before it
+parses the next reply: otherwise a reply that arrived meanwhile is parsed first and they wait behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import redis
+import structlog
 
 from worker.connection import Backoff
 from worker.gateway.job_io import LOST, TERMINAL, until_terminal
 from worker.keys import Keys
 
 WAKE_TTL_S = 60
+log = structlog.get_logger("conveyor.gateway")
+Sink = Callable[[list[dict]], None]  # takes one read's events of its stream, in the reader's pass
 
 
 class StreamHub:
@@ -36,24 +42,34 @@ class StreamHub:
         self.wake_key = f"{keys.prefix}:gateway-wake:{uuid.uuid4().hex}"
         self._wake_bytes = self.wake_key.encode()
         self._last: dict[bytes, bytes] = {}  # output stream -> last entry id handed out
-        self._queues: dict[bytes, asyncio.Queue] = {}
+        self._sinks: dict[bytes, Sink] = {}
         self._wake_last = b"$"
         self._reading = False  # an XREAD is in flight: a newcomer is not in it
         self._woken = False  # ... and a wake note was sent during it
         self._joined = asyncio.Event()
         self._closed = False
 
+    async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None:
+        """From the next read on, `sink(events)` with each batch of the job's events, in order, from its
+        first; the batch holding the terminal event is the last. Until `detach`."""
+        key = keys.out(job_id).encode()
+        self._sinks[key], self._last[key] = sink, b"0"
+        self._joined.set()
+        await self._wake()
+
+    def detach(self, keys: Keys, job_id: str) -> None:
+        key = keys.out(job_id).encode()
+        self._sinks.pop(key, None)
+        self._last.pop(key, None)
+
     async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
         """The job's events in order, in the batches the reads returned, ending with the batch holding the
         terminal event; TimeoutError at `deadline` (loop time)."""
-        key = keys.out(job_id).encode()
         queue: asyncio.Queue = asyncio.Queue()
-        self._queues[key], self._last[key] = queue, b"0"
-        self._joined.set()
         # At the deadline a None joins the queue: one timer per request, not one per event (wait_for).
         timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, None)
         try:
-            await self._wake()
+            await self.attach(keys, job_id, queue.put_nowait)
             while True:
                 batch = await queue.get()
                 if batch is None:
@@ -63,8 +79,7 @@ class StreamHub:
                     return
         finally:
             timer.cancel()
-            self._queues.pop(key, None)
-            self._last.pop(key, None)
+            self.detach(keys, job_id)
 
     async def _wake(self) -> None:
         """End the read in flight, which does not name the newcomer's stream; once per read."""
@@ -110,18 +125,27 @@ class StreamHub:
                 await asyncio.sleep(0)
 
     def _hand_out(self, reply: list) -> bool:
-        """Each stream's entries to its request's queue; whether any request got some."""
+        """Each stream's events to its request's sink; whether any request got some."""
         handed = False
         for key, entries in reply:
             key = key if isinstance(key, bytes) else key.encode()
             if key == self._wake_bytes:
                 self._wake_last = entries[-1][0]
                 continue
-            queue = self._queues.get(key)
-            if queue is None:  # its request ended meanwhile
+            sink = self._sinks.get(key)
+            if sink is None:  # its request ended meanwhile
                 continue
             self._last[key] = entries[-1][0]
-            queue.put_nowait(until_terminal(entries))
+            batch = until_terminal(entries)
+            ended = batch[-1]["type"] in TERMINAL  # nothing follows
+            try:
+                sink(batch)
+            except Exception:  # one answer's failure is its own: the others' events still go out
+                log.exception("a stream's events could not be handed out", stream=key.decode())
+                ended = True
+            if ended:
+                self._sinks.pop(key, None)
+                self._last.pop(key, None)
             handed = True
         return handed
 

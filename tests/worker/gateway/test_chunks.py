@@ -3,14 +3,13 @@ whole dict (and one of OpenAI's chunk types); each batch of events is one body; 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL
-from worker.gateway.chunks import ChunkWriter, chunks
+from worker.gateway.chunks import ChunkWriter
 from worker.gateway.sse import DONE, hole, sse_template
 
 TRICKY = [
@@ -158,26 +157,19 @@ def _done() -> dict:
     return {"type": "done", "finish_reason": "length", "usage": usage}
 
 
-def _bodies(writer: ChunkWriter, batches: list[list[dict]], then: BaseException | None = None) -> list[bytes]:
-    closed = []
-
-    async def follow():
-        try:
-            for batch in batches:
-                yield batch
-            if then is not None:
-                raise then
-        finally:
-            closed.append(True)
-
-    async def run() -> list[bytes]:
-        following = follow()
-        first = await anext(following)  # as the route reads it, before answering
-        return [body async for body in chunks(writer, following, first)]
-
-    bodies = asyncio.run(run())
-    assert closed == [True]  # the events are no longer followed
-    return bodies
+def _bodies(writer: ChunkWriter, batches: list[list[dict]], expires: bool = False) -> list[bytes]:
+    """The bodies sent for the batches, as EventStream sends them (an empty one is not sent), and the
+    expired stream's last body when `expires`."""
+    bodies = []
+    for k, batch in enumerate(batches):
+        body, last = writer.body(batch, first=k == 0)
+        if body or last:
+            bodies.append(body)
+        if last:
+            assert k == len(batches) - 1  # nothing is read after the terminal event
+            return bodies
+    assert expires  # a stream ends at its terminal event or at its deadline
+    return [*bodies, writer.expired()]
 
 
 def test_each_batch_of_events_is_one_body_and_the_last_ends_with_done():
@@ -199,7 +191,7 @@ def test_the_terminal_event_in_a_batch_ends_the_stream_in_that_body():
 
 def test_a_timeout_while_following_is_an_error_chunk_then_done():
     writer = ChunkWriter(COMPLETIONS_URL, "job-1", "tiny", 1, False, 30.0)
-    bodies = _bodies(writer, [[_token(0, "a")]], then=TimeoutError("job-1"))
+    bodies = _bodies(writer, [[_token(0, "a")]], expires=True)
     assert bodies[0] == writer.token(_token(0, "a"))
     error = json.loads(bodies[1].removesuffix(DONE).removeprefix(b"data: "))
     assert error["error"]["code"] == "timeout" and bodies[1].endswith(DONE)

@@ -1,5 +1,5 @@
 """The two ways a request follows its output stream, against a real Redis: StreamHub (one XREAD for all
-of a process's requests) and job_io.follow (one per request, in cluster mode). Either gives the events in
+of a process's requests) and OwnReads (job_io.follow, one per request, in cluster mode). Either gives the events in
 the batches one XREAD returned (so the chunks of a batch go out in one write), up to the terminal event,
 and TimeoutError at the deadline."""
 
@@ -13,7 +13,7 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from worker.gateway import job_io
+from worker.gateway.own_reads import OwnReads
 from worker.gateway.stream_hub import StreamHub
 from worker.keys import EVENT_FIELD, Keys
 
@@ -24,23 +24,13 @@ def _token(k: int) -> dict:
     return {"type": "token", "index": k, "token_ids": [k], "text": str(k)}
 
 
-class OnePerRequest:
-    """job_io.follow, shaped as StreamHub.follow."""
-
-    def __init__(self, client) -> None:
-        self.client = client
-
-    def follow(self, keys: Keys, job_id: str, deadline: float):
-        return job_io.follow(self.client, keys, job_id, 100, deadline)
-
-
 async def _with_hub(url: str, body, kind: str, block_ms: int = 1000) -> None:
     client = aioredis.Redis.from_url(url)
     keys = Keys(prefix=f"hubtest-{uuid.uuid4().hex}")  # the module's Redis is shared by its tests
     hub = StreamHub(client, keys, block_ms=block_ms)
     reader = asyncio.create_task(hub.run())
     try:
-        await body(client, keys, hub if kind == "hub" else OnePerRequest(client))
+        await body(client, keys, hub if kind == "hub" else OwnReads(client, 100))
     finally:
         reader.cancel()  # once: a cancel swallowed inside redis-py's XREAD is seen by the hub itself
         await asyncio.wait({reader}, timeout=5)
@@ -69,7 +59,7 @@ def test_events_come_in_the_batches_read_and_end_at_the_terminal_one(redis_serve
         await _add(client, keys, "j1", [_token(4), done, _token(5)])
         assert [batch async for batch in batches] == [[_token(4), done]]
         if kind == "hub":
-            assert not hub._queues and not hub._last  # the request is forgotten
+            assert not hub._sinks and not hub._last  # the request is forgotten
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
 
@@ -84,7 +74,7 @@ def test_a_request_with_no_events_times_out_at_its_deadline(redis_server, kind):
             await anext(batches)
         assert loop.time() - started >= 0.3 - 0.01  # not before (the timer is the loop's own clock)
         if kind == "hub":
-            assert not hub._queues and not hub._last
+            assert not hub._sinks and not hub._last
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
 
@@ -240,3 +230,34 @@ def test_one_cancel_stops_the_reader_on_a_real_redis(redis_server):
             await client.aclose()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("kind", ["hub", "one-per-request"])
+def test_a_sink_takes_each_read_in_order_and_one_that_fails_stops_only_its_own(redis_server, kind):
+    async def body(client, keys, hub) -> None:
+        got: dict[str, list[list[dict]]] = {"ok": [], "bad": []}
+
+        def failing(batch: list[dict]) -> None:
+            got["bad"].append(batch)
+            raise RuntimeError("this answer broke")
+
+        await hub.attach(keys, "ok", got["ok"].append)
+        await hub.attach(keys, "bad", failing)
+        await _add(client, keys, "ok", [_token(0), _token(1)])
+        await _add(client, keys, "bad", [_token(0)])
+        await asyncio.sleep(0.3)
+        await _add(client, keys, "bad", [_token(1)])  # not handed out: its sink failed
+        await _add(client, keys, "ok", [_token(2), {"type": "done", "finish_reason": "length"}, _token(9)])
+        for _ in range(100):
+            if sum(len(b) for b in got["ok"]) >= 4:
+                break
+            await asyncio.sleep(0.02)
+        events = [event for batch in got["ok"] for event in batch]
+        assert [e.get("index") for e in events] == [0, 1, 2, None]  # nothing after the terminal event
+        assert got["ok"][0] == [_token(0), _token(1)]  # one read, one batch
+        await asyncio.sleep(0.3)
+        assert got["bad"] == [[_token(0)]]
+        hub.detach(keys, "ok")
+        hub.detach(keys, "bad")
+
+    asyncio.run(_with_hub(redis_server.url, body, kind))
