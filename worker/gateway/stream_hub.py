@@ -1,5 +1,5 @@
 """One reader for every output stream a gateway process follows: a single XREAD BLOCK over all of them,
-each entry handed to its request's queue, instead of one blocking XREAD (and one Redis round trip per
+each entry handed to its request, instead of one blocking XREAD (and one Redis round trip per
 event) per request. With 64 streams live that is one round trip per engine step, not 64.
 
 A stream added while the XREAD blocks would wait for it to return; so a request joining then XADDs a
@@ -7,14 +7,14 @@ note to this process's own wake stream, which every XREAD includes: the blocked 
 the next one includes the newcomer. One note per read: those joining after it (64 requests arriving
 together) ride on it, and a request joining between reads needs none. Each stream is read from the last
 id handed out, so a lost connection or a worker's takeover loses and repeats nothing (as job_io.follow,
-which cluster mode uses instead: a multi-key XREAD must stay in one slot).
+which cluster mode uses instead, through own_reads.py: a multi-key XREAD must stay in one slot).
 
 A streamed answer attaches a sink, called in the reader's own pass with each batch of its stream's
 events: it writes its chunks there (worker/gateway/sse.py), so one reply's 50 streams cost one pass, not
-50 tasks woken one after another, each through its generators, before its chunk goes out. A request that
-awaits its events (an answer sent whole, a stream's first event) follows them through a queue instead.
-After handing out one reply's events the reader yields to the loop, so those requests go on before it
-parses the next reply: otherwise a reply that arrived meanwhile is parsed first and they wait behind it.
+50 tasks woken one after another, each through its generators, before its chunk goes out. An answer sent
+whole awaits its events through a queue instead (`follow`). After handing out one reply's events the reader
+yields to the loop, so those requests go on before it parses the next reply: otherwise a reply that
+arrived meanwhile is parsed first and they wait behind it.
 """
 
 from __future__ import annotations
