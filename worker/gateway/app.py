@@ -23,6 +23,7 @@ from worker.gateway.own_reads import OwnReads
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
 from worker.gateway.stream_hub import StreamHub
+from worker.gateway.xadd_batch import XaddBatch
 from worker.keys import Keys
 
 
@@ -33,6 +34,7 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = client if client is not None else connect_async(settings)
         app.state.fleet = FleetView(app.state.redis, app.state.keys)
+        app.state.xadds = XaddBatch(app.state.redis)  # the jobs of one turn of the loop: one round trip
         # One reader for every output stream (a multi-key XREAD stays in one slot: not in a cluster).
         hub = app.state.hub = (
             OwnReads(app.state.redis, settings.block_ms)

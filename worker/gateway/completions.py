@@ -97,7 +97,9 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     if served is None:
         raise await _missing(request, model)
     job = with_affinity(job)  # jobs sharing a prompt prefix go to the same workers (docs/protocol.md)
-    stream_name = await job_io.submit(client, keys, served, job, settings.max_queued, settings.retry_after_s)
+    stream_name = await job_io.submit(
+        client, keys, served, job, settings.max_queued, settings.retry_after_s, request.app.state.xadds.xadd
+    )
     job_keys = job_io.keys_of_stream(keys, stream_name)
 
     async def cancel() -> None:
@@ -118,9 +120,9 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         )  # fmt: skip
     except TimeoutError:
         await cancel()
-        exc = timed_out(settings.request_timeout_s)
-        exc.headers.update(headers)
-        raise exc from None
+        late = timed_out(settings.request_timeout_s)
+        late.headers.update(headers)
+        raise late from None
     except ClientLeft:
         await cancel()
         return Response(status_code=499)  # nobody reads it

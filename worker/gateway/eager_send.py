@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-Send = Callable[[dict], Awaitable[None]]
+Send = Callable[[dict], Coroutine[Any, Any, None]]  # uvicorn's send, or a middleware's wrapper of it
 
 
 class EagerSend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -40,10 +40,17 @@ async def queued(client, stream: str, groups: list[str]) -> int:
 
 
 async def submit(
-    client, keys: Keys, model: ServedModel, job: dict, max_queued: int, retry_after_s: int
+    client,
+    keys: Keys,
+    model: ServedModel,
+    job: dict,
+    max_queued: int,
+    retry_after_s: int,
+    xadd: Callable[[str, dict], Awaitable[Any]] | None = None,
 ) -> str:
     """XADD the job to its stream among its model's (ServedModel.stream_for, after the default affinity key
-    is set); 429 (APIError) when max_queued jobs wait there. Returns the stream."""
+    is set); 429 (APIError) when max_queued jobs wait there. Returns the stream. `xadd`: how to send it
+    (XaddBatch.xadd, with other requests' jobs), instead of the client's own XADD."""
     layout_keys = model.layout_keys(keys.prefix)
     layout = await read_layout_async(client, layout_keys) if layout_keys is not None else None
     stream = model.stream_for(job, keys.prefix, layout)
@@ -51,7 +58,7 @@ async def submit(
         waiting = await queued(client, stream, model.groups)
         if waiting >= max_queued:
             raise queue_full(model.name, waiting, retry_after_s)
-    await client.xadd(stream, {JOB_FIELD: json.dumps(job)})
+    await (xadd or client.xadd)(stream, {JOB_FIELD: json.dumps(job)})
     return stream
 
 
