@@ -1,9 +1,9 @@
-"""Wait for something unless the client leaves first (a non-streamed request's answer, a streamed one's
-chunks).
+"""Wait for something unless the client leaves first (a non-streamed request's answer, the end of a
+streamed one).
 
 The work runs in the calling task, and a listener task cancels that task when the client disconnects:
 work that ends first (most do) costs no task of its own and no extra turn of the loop before the caller
-goes on, which for a streamed answer is the time to its first chunk.
+goes on.
 """
 
 from __future__ import annotations
