@@ -47,7 +47,7 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
         try:
             yield
         finally:
-            hub.close()  # the hub: in case the cancel below is lost (StreamHub.close)
+            hub.close()  # StreamHub: in case the cancel below is lost; OwnReads: its readers' tasks
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

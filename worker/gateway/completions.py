@@ -114,10 +114,8 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         return EventStream(writer, events, job_keys, deadline, headers, cancel)
     batches = events.follow(job_keys, job_id, deadline)
     try:
-        answer = _answer(
-            url, model, job_id, job, await unless_disconnected(request.receive, _rest(batches)),
-            settings.request_timeout_s,
-        )  # fmt: skip
+        found = await unless_disconnected(request.receive, _rest(batches))
+        answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)
     except TimeoutError:
         await cancel()
         late = timed_out(settings.request_timeout_s)

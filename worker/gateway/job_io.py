@@ -100,9 +100,10 @@ async def follow(
         left_s = float("inf") if deadline is None else deadline - loop.time()
         if left_s <= 0:
             raise TimeoutError(job_id)
-        block = max(1, int(min(block_ms / 1000, left_s) * 1000))
         try:
-            reply: Any = await client.xread({key: last}, block=block, count=1000)
+            reply: Any = await client.xread(
+                {key: last}, block=max(1, int(min(block_ms, left_s * 1000))), count=1000
+            )
         except redis.AuthenticationError:
             raise
         except LOST:

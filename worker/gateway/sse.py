@@ -23,6 +23,7 @@ from starlette.responses import Response
 from worker.gateway.disconnect import ClientLeft, unless_disconnected
 from worker.gateway.eager_send import EagerSend
 from worker.gateway.errors import APIError, from_worker, timed_out
+from worker.gateway.stream_hub import Sink
 from worker.keys import Keys
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ DONE = b"data: [DONE]\n\n"
 class EventSource(Protocol):
     """Where a job's events come from: StreamHub, or OwnReads in a cluster."""
 
-    async def attach(self, keys: Keys, job_id: str, sink: Callable[[list[dict]], None]) -> None: ...
+    async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None: ...
 
     def detach(self, keys: Keys, job_id: str) -> None: ...
 
@@ -105,7 +106,7 @@ class EventStream(Response):
         # Response sized its empty body (content-length: 0); the events' length is not known ahead.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.started = False  # the status and headers are sent
-        self.job_ended = False  # its terminal event is sent
+        self.job_ended = False  # its terminal event was read: sent, or answered as the refusal it is
 
     async def __call__(self, scope, receive, send) -> None:
         loop = asyncio.get_running_loop()
