@@ -14,7 +14,8 @@ Added latency per token: for each SSE chunk, the time its bytes reached the HTTP
 the Redis reader's XREAD returned the same token event (the k-th of that job; jobs ask for the sampled
 token's logprob, so every event has a chunk). Targets: gateway throughput >= 90% of Redis directly;
 added latency p99 < 5 ms. Also reported: the CPU seconds each process spent during each run (the
-gateway's from /proc), as the processes share the machine's cores. Writes JSON to benchmarks/results/.
+gateway's from /proc), as the processes share the machine's cores, and the gateway's write system calls
+per request (/proc's syscw). Writes JSON to benchmarks/results/.
 `--replicas N` runs N gateway processes, each on its own port, and the client opens its connections on
 them in turn, as a balancer in front of stateless replicas would spread them.
 
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,10 +245,21 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def gateway_cpu(serves: list[subprocess.Popen]) -> float | None:
-    """The replicas' CPU seconds together (None where /proc cannot tell)."""
-    each = [cpu_seconds(serve.pid) for serve in serves]
+def replicas_total(serves: list[subprocess.Popen], of: Callable[[int], float | None]) -> float | None:
+    """`of(pid)` summed over the gateway replicas (None where /proc cannot tell)."""
+    each = [of(serve.pid) for serve in serves]
     return None if None in each else sum(each)  # type: ignore[arg-type]
+
+
+def write_calls(pid: int) -> float | None:
+    """The write system calls (write, send, sendmsg, ...) a process has made so far: /proc's `syscw`;
+    None where /proc cannot tell."""
+    try:
+        io = Path(f"/proc/{pid}/io").read_text()
+    except OSError:
+        return None
+    counts = dict(line.split(": ") for line in io.splitlines())
+    return int(counts["syscw"])
 
 
 def run_gateway(
@@ -295,10 +308,12 @@ def run_gateway(
         client.start()
         ready_r.wait(60)
         ready_h.wait(60)
-        start, cpu, serve_cpu = time.perf_counter(), time.process_time(), gateway_cpu(serves)
+        start, cpu, serve_cpu = time.perf_counter(), time.process_time(), replicas_total(serves, cpu_seconds)
+        serve_writes = replicas_total(serves, write_calls)
         go.set()
         tokens, end, http_seen, http_kernel, client_cpu = result_h.get(timeout=900)
-        serve_cpu_end = gateway_cpu(serves)
+        serve_cpu_end = replicas_total(serves, cpu_seconds)
+        serve_writes_end = replicas_total(serves, write_calls)
         _, _, redis_seen, redis_kernel, reader_cpu = result_r.get(timeout=120)
         cpu = time.process_time() - cpu
         client.join()
@@ -331,6 +346,11 @@ def run_gateway(
             "redis_reader": reader_cpu,
             "engine_process": cpu,
         },
+        # The gateway's write system calls during the run, per request: each one a socket write (to a
+        # client or to Redis), each costing a few µs and, on loopback, the receiver's side of TCP too.
+        "gateway_writes_per_request": None
+        if serve_writes is None or serve_writes_end is None
+        else (serve_writes_end - serve_writes) / len(requests),
     }
 
 
@@ -438,6 +458,8 @@ def main() -> None:
     )
     print(f"ratio    {ratio:10.3f}  (target >= 0.90; {args.replicas} gateway replica(s))")
     print("cpu s    " + "  ".join(f"{k} {v:.2f}" for k, v in gateway["cpu_s"].items() if v is not None))
+    if gateway["gateway_writes_per_request"] is not None:
+        print(f"gateway write system calls per request  {gateway['gateway_writes_per_request']:.2f}")
     print(
         f"added per token  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  max {lat['max']:.2f} ms  (target p99 < 5 ms)"
     )
