@@ -2,12 +2,13 @@
 
 uvicorn writes a response's header block to the socket as soon as the app sends `http.response.start`,
 and each body as it is sent: a short answer is two writes (a JSON answer: headers, then body; a stream's
-first chunk: headers, then the chunk). On loopback TCP one write costs ~25-35 µs on the 2-core VM, most of
-it the receiver's side of TCP, which Linux runs inside the sender's system call, and when the engine
-starts 50 jobs in one step, their 50 first chunks go out one after another in one pass (sse.py). Here the
-header block waits for the connection's next write and goes out in it; if none comes in the same turn of
-the loop (a 100 Continue, a response whose body is not ready), it goes out on its own at the next turn.
-Bytes and their order on the connection are unchanged.
+first chunk: headers, then the chunk). On loopback TCP a write costs ~7 µs on a quiet 2-core VM and
+more while the engine computes, much of it the receiver's side of TCP, which Linux runs inside the
+sender's system call; when the engine starts 50 jobs in one step, their 50 first chunks go out one after
+another in one pass (sse.py). Here the header block waits for the connection's next write and goes out
+in it; if none comes in the same turn of the loop (a 100 Continue, a response whose body is not ready),
+it goes out on its own at the next turn. Bytes and their order on the connection are unchanged.
+benchmarks/held_headers.py: 3 writes per short streamed answer -> 2, the server's CPU per answer 0.88x.
 """
 
 from __future__ import annotations
