@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import selectors
 import socket
 import sys
@@ -27,6 +28,7 @@ import uvicorn  # noqa: E402
 from uvicorn.protocols.http.auto import AutoHTTPProtocol  # noqa: E402
 from uvicorn.server import ServerState  # noqa: E402
 
+from benchmarks.proc_counters import write_calls  # noqa: E402
 from worker.gateway.held_headers import HeldHeadersProtocol  # noqa: E402
 
 REQUEST = b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n"
@@ -66,12 +68,6 @@ def client(port: int, connections: int, answers: int, done) -> None:
     done.set()
 
 
-def write_calls() -> int:
-    """This process's write system calls so far (/proc's syscw)."""
-    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return int(io["syscw"])
-
-
 async def one_run(protocol: type, connections: int, answers: int) -> tuple[float, float]:
     """(server CPU µs per answer, socket writes per answer)."""
     config = uvicorn.Config(app, access_log=False, log_level="warning", http=protocol)
@@ -89,10 +85,12 @@ async def one_run(protocol: type, connections: int, answers: int) -> tuple[float
     process.start()
     while not state.connections:  # the client is connecting
         await asyncio.sleep(0.001)
-    started, writes = time.process_time(), write_calls()
+    started, writes = time.process_time(), write_calls(os.getpid())
     while not done.is_set():
+        if not process.is_alive():  # the client failed: its traceback is above
+            raise SystemExit(f"the client process ended with {process.exitcode}")
         await asyncio.sleep(0.002)
-    cpu, writes = time.process_time() - started, write_calls() - writes
+    cpu, writes = time.process_time() - started, write_calls(os.getpid()) - writes
     process.join()
     server.close()
     total = connections * answers

@@ -44,6 +44,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_stamps import receive, stamp_arrivals  # noqa: E402
+from benchmarks.proc_counters import cpu_seconds, write_calls  # noqa: E402
 from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
 from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
@@ -236,30 +237,10 @@ def run_redis(url: str, keys: Keys, workload, ctx) -> dict:
     }
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """The CPU time (user + system) a process has used so far; None where /proc cannot tell."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def replicas_total(serves: list[subprocess.Popen], of: Callable[[int], float | None]) -> float | None:
     """`of(pid)` summed over the gateway replicas (None where /proc cannot tell)."""
     each = [of(serve.pid) for serve in serves]
     return None if None in each else sum(each)  # type: ignore[arg-type]
-
-
-def write_calls(pid: int) -> float | None:
-    """The write system calls (write, send, sendmsg, ...) a process has made so far: /proc's `syscw`;
-    None where /proc cannot tell."""
-    try:
-        io = Path(f"/proc/{pid}/io").read_text()
-    except OSError:
-        return None
-    counts = dict(line.split(": ") for line in io.splitlines())
-    return int(counts["syscw"])
 
 
 def run_gateway(
