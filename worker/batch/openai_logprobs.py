@@ -9,6 +9,7 @@ multi-byte character was decoded to U+FFFD by the worker, so its bytes are those
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,11 @@ class SampleLogprobs:
             return
         for per_token, per_piece in zip(logprobs, pieces, strict=True):
             self.tokens.append([(p, float(lp)) for (_, lp), p in zip(per_token, per_piece, strict=True)])
+
+    @property
+    def finite(self) -> bool:
+        """No logprob is -inf (a token that cannot be sampled) or NaN."""
+        return all(math.isfinite(lp) for listed in self.tokens for _, lp in listed)
 
 
 def _entry(piece: str, logprob: float) -> dict[str, Any]:

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 from worker.gateway.errors import APIError, from_worker, timed_out
@@ -90,17 +92,21 @@ class ChunkWriter:
         ]
 
     def token(self, event: dict) -> bytes | None:
-        shown = None
+        shown = b"null"
         if event.get("logprobs") is not None:
             sample = SampleLogprobs()
             sample.add(event)
-            shown = chat_logprobs(sample) if self.chat else completion_logprobs(sample)
-        if not event["text"] and shown is None:
+            listed = chat_logprobs(sample) if self.chat else completion_logprobs(sample)
+            # orjson: ~15x faster than json (3.3 -> 0.2 µs), the same JSON but for an exponent's padding
+            # (-1.2e-7, not -1.2e-07); it writes -inf (a token that cannot be sampled) as null, and json
+            # as -Infinity, as the answer sent whole does.
+            shown = orjson.dumps(listed) if sample.finite else json_bytes(listed)
+        elif not event["text"]:
             return None  # text held back (a possible stop string, an unfinished character)
         head, after_index, after_text, tail = self._token
         index = str(event.get("sample") or 0).encode()
         text = json_bytes(event["text"])  # a str (worker/protocol.py's TokenEvent)
-        return b"".join((head, index, after_index, text, after_text, json_bytes(shown), tail))
+        return b"".join((head, index, after_index, text, after_text, shown, tail))
 
     def batch(self, events: list[dict]) -> list[bytes]:
         """The chunks of events read together (the error chunk for a worker's error event)."""

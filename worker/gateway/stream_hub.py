@@ -28,11 +28,13 @@ import redis
 import structlog
 
 from worker.connection import Backoff
+from worker.error_codes import ErrorCode
 from worker.gateway.job_io import LOST, TERMINAL, until_terminal
 from worker.keys import Keys
 
 WAKE_TTL_S = 60
 log = structlog.get_logger("conveyor.gateway")
+UNREADABLE = ErrorCode.INTERNAL.value  # the code of the error event standing for an event that is not JSON
 Sink = Callable[[list[dict]], None]  # takes one read's events of its stream, in the reader's pass
 
 
@@ -136,7 +138,11 @@ class StreamHub:
             if sink is None:  # its request ended meanwhile
                 continue
             self._last[key] = entries[-1][0]
-            batch = until_terminal(entries)
+            try:
+                batch = until_terminal(entries)
+            except ValueError:  # not JSON (no worker wrote it): that answer ends as a failure, the rest go on
+                log.exception("a stream's event could not be decoded", stream=key.decode())
+                batch = [{"type": "error", "code": UNREADABLE, "message": "an event of the job is not JSON"}]
             ended = batch[-1]["type"] in TERMINAL  # nothing follows
             try:
                 sink(batch)

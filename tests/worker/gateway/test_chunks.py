@@ -76,40 +76,50 @@ def test_a_token_chunk_is_the_json_of_its_whole_dict(url, include_usage, text):
             ChatCompletionChunk.model_validate(parsed)
 
 
-@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
-@pytest.mark.parametrize("text", ["", 'a "b" \\ 🤖', "\x00\n"])
-def test_a_token_chunk_with_logprobs(url, text):
-    writer = _writer(url)
-    pieces = [text or "\ufffd", '"', "\\"]
-    event = {
-        "type": "token",
-        "index": 3,
-        "token_ids": [7],
-        "text": text,
-        "logprobs": [[[7, -0.25], [8, -1.5], [9, float("-inf")]]],
-        "logprob_tokens": [pieces],
-    }
-    piece = writer.token(event)
-    assert piece is not None  # logprobs are shown even while the text is held back
+def _logprobs_event(text: str, pieces: list[str], logprobs: list[float]) -> dict:
+    listed = [[7 + k, lp] for k, lp in enumerate(logprobs)]
+    return {"type": "token", "index": 3, "token_ids": [7], "text": text, "logprobs": [listed],
+            "logprob_tokens": [pieces]}  # fmt: skip
+
+
+def _shown(url: str, pieces: list[str], logprobs: list[float]) -> dict:
+    """The choice's `logprobs` for one token listed with its alternatives, in the route's shape."""
     if url == CHAT_URL:
 
         def entry(p, lp):
             return {"token": p, "logprob": lp, "bytes": list(p.encode())}
 
-        shown = {
-            "content": [
-                {**entry(pieces[0], -0.25), "top_logprobs": [entry('"', -1.5), entry("\\", float("-inf"))]}
-            ],
-            "refusal": None,
-        }
-    else:
-        shown = {
-            "tokens": [pieces[0]],
-            "token_logprobs": [-0.25],
-            "top_logprobs": [{'"': -1.5, "\\": float("-inf")}],
-            "text_offset": [0],
-        }
-    assert piece == _sse(_expected(url, text, 0, shown, True))
+        alternatives = [entry(p, lp) for p, lp in zip(pieces[1:], logprobs[1:], strict=True)]
+        return {"content": [{**entry(pieces[0], logprobs[0]), "top_logprobs": alternatives}], "refusal": None}
+    return {
+        "tokens": [pieces[0]],
+        "token_logprobs": [logprobs[0]],
+        "top_logprobs": [dict(zip(pieces[1:], logprobs[1:], strict=True))],
+        "text_offset": [0],
+    }
+
+
+@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
+@pytest.mark.parametrize("text", ["", 'a "b" \\ 🤖', "\x00\n"])
+# -inf (a token that cannot be sampled) takes Python's json (-Infinity); finite ones orjson, the same bytes
+@pytest.mark.parametrize("last", [float("-inf"), -3.75])
+def test_a_token_chunk_with_logprobs(url, text, last):
+    writer = _writer(url)
+    pieces, logprobs = [text or "\ufffd", '"', "\\"], [-0.25, -1.5, last]
+    piece = writer.token(_logprobs_event(text, pieces, logprobs))
+    assert piece is not None  # logprobs are shown even while the text is held back
+    assert piece == _sse(_expected(url, text, 0, _shown(url, pieces, logprobs), True))
+
+
+@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
+def test_finite_logprobs_written_by_orjson_read_back_the_same(url):
+    # orjson writes an exponent unpadded (e-7, where json writes e-07): other bytes, the same values.
+    pieces, logprobs = ["a", "b"], [-1.1920928955078125e-07, -0.5]
+    piece = _writer(url).token(_logprobs_event("a", pieces, logprobs))
+    assert b"-1.1920928955078125e-7" in piece
+    assert json.loads(piece.removeprefix(b"data: ")) == _expected(
+        url, "a", 0, _shown(url, pieces, logprobs), True
+    )
 
 
 @pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])

@@ -165,6 +165,35 @@ def test_requests_take_their_events_before_the_next_reply_is_read():
     asyncio.run(body())
 
 
+def test_an_event_that_is_not_json_ends_its_answer_as_an_error_and_the_others_go_on():
+    keys = Keys(prefix="hubtest")
+    bad, good = keys.out("bad").encode(), keys.out("good").encode()
+    done = {"type": "done", "finish_reason": "length", "usage": {}}
+    client = Scripted([
+        [[bad, [(b"0-1", {EVENT_FIELD: b'{"type": "tok'})]], [good, _entries([_token(0)])]],
+        [[good, _entries([_token(1), done])]],
+    ])  # fmt: skip
+
+    async def body() -> list:
+        hub = StreamHub(client, keys, block_ms=50)
+        reader = asyncio.create_task(hub.run())
+        deadline = asyncio.get_running_loop().time() + 10
+
+        async def batches(job: str) -> list:
+            return [batch async for batch in hub.follow(keys, job, deadline)]
+
+        seen = await asyncio.gather(batches("bad"), batches("good"))
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        return seen
+
+    seen_bad, seen_good = asyncio.run(body())
+    assert seen_bad == [
+        [{"type": "error", "code": "internal_error", "message": "an event of the job is not JSON"}]
+    ]
+    assert seen_good == [[_token(0)], [_token(1), done]]
+
+
 def _stops(hub: StreamHub, stop) -> bool:
     async def body() -> bool:
         reader = asyncio.create_task(hub.run())
