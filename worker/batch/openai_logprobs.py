@@ -44,8 +44,9 @@ def chat_logprobs(sample: SampleLogprobs) -> dict[str, Any]:
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(sample: SampleLogprobs) -> dict[str, Any]:
-    offsets, at = [], 0
+def completion_logprobs(sample: SampleLogprobs, at: int = 0) -> dict[str, Any]:
+    """`at`: the text offset of the first token (a streamed chunk's: the length of the pieces before it)."""
+    offsets = []
     for listed in sample.tokens:
         offsets.append(at)
         at += len(listed[0][0])

@@ -40,6 +40,9 @@ class ChunkWriter:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
+        # Per sample, the length of the token pieces shown so far: a completion chunk's text_offset
+        # counts from the start of the sample's text, as the answer sent whole does.
+        self._offsets: dict[int, int] = {}
         # The chunks that differ per event, cut where what differs goes: a token's (its sample's index,
         # its text, its logprobs), a choice's last one (its index, its finish reason) and the usage.
         self._token = sse_template(self._payload([self._choice(hole(0), hole(1), None, hole(2))]), 3)
@@ -96,7 +99,13 @@ class ChunkWriter:
         if event.get("logprobs") is not None:
             sample = SampleLogprobs()
             sample.add(event)
-            listed = chat_logprobs(sample) if self.chat else completion_logprobs(sample)
+            if self.chat:
+                listed = chat_logprobs(sample)
+            else:
+                k = event.get("sample") or 0
+                listed = completion_logprobs(sample, self._offsets.get(k, 0))
+                if listed["tokens"]:
+                    self._offsets[k] = listed["text_offset"][-1] + len(listed["tokens"][-1])
             # orjson: ~15x faster than json (3.3 -> 0.2 µs), the same JSON but for an exponent's padding
             # (-1.2e-7, not -1.2e-07); it writes -inf (a token that cannot be sampled) as null, and json
             # as -Infinity, as the answer sent whole does.

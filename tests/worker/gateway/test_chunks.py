@@ -9,6 +9,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL
+from worker.batch.openai_logprobs import SampleLogprobs, completion_logprobs
 from worker.gateway.chunks import ChunkWriter
 from worker.gateway.sse import DONE, hole, sse_template
 
@@ -120,6 +121,29 @@ def test_finite_logprobs_written_by_orjson_read_back_the_same(url):
     assert json.loads(piece.removeprefix(b"data: ")) == _expected(
         url, "a", 0, _shown(url, pieces, logprobs), True
     )
+
+
+def test_streamed_text_offsets_count_from_the_start_of_each_sample_s_text():
+    # As the answer sent whole counts them (one SampleLogprobs over all of a sample's events).
+    writer = _writer(COMPLETIONS_URL)
+    events = [
+        {**_logprobs_event("ab", ["ab"], [-0.5]), "sample": 0},
+        {**_logprobs_event("xyz", ["xyz"], [-0.5]), "sample": 1},
+        {**_logprobs_event("", ["\ufffd", "c"], [-0.25, -1.0]), "sample": 0},  # text held back
+        {**_logprobs_event("d", ["d"], [-0.5]), "sample": 0},
+    ]
+    events[2]["logprobs"], events[2]["logprob_tokens"] = [[[7, -0.25]], [[8, -1.0]]], [["\ufffd"], ["c"]]
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    for event in events:
+        choice = json.loads(writer.token(event).removeprefix(b"data: "))["choices"][0]
+        streamed[choice["index"]] += choice["logprobs"]["text_offset"]
+    for k in (0, 1):
+        whole = SampleLogprobs()
+        for event in events:
+            if event["sample"] == k:
+                whole.add(event)
+        assert streamed[k] == completion_logprobs(whole)["text_offset"]
+    assert streamed == {0: [0, 2, 3, 4], 1: [0]}
 
 
 @pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
