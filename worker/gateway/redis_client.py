@@ -6,8 +6,8 @@ Its connections pack commands with hiredis (worker/run/redis_io/async_packing.py
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry  # not redis.retry's: redis-py 8 warns at each start, converting it
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from worker.connection import TlsOptions
 from worker.gateway.settings import GatewaySettings

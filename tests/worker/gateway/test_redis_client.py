@@ -4,6 +4,7 @@ redis-py's own packer writes, for every URL scheme."""
 from __future__ import annotations
 
 import asyncio
+import warnings
 
 import pytest
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
@@ -41,6 +42,13 @@ def test_what_redis_py_refuses_is_still_refused():
     for wrong in (True, None, object()):
         with pytest.raises(DataError):
             packed.pack_command("SET", "k", wrong)
+
+
+def test_the_client_is_made_without_a_warning():
+    # redis-py 8 warns (UserWarning), on every `conveyor serve` start, when given a synchronous Retry.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        connect_async(GatewaySettings(redis_url="redis://127.0.0.1:1/0"))
 
 
 @pytest.mark.parametrize(
