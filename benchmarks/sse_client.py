@@ -62,6 +62,9 @@ class _Answer:
         self.now = time.time()
         self.kernel = self.now if kernel is None else kernel
         if not data:
+            # The gateway closed it (uvicorn ends a keep-alive connection idle for 5 s): a closed socket
+            # stays readable, and the loop would call this again at every turn, for the rest of the run.
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
             if self.done is not None and not self.done.done():
                 self.done.set_exception(ConnectionError("the gateway closed the connection"))
             return
