@@ -34,7 +34,8 @@ from worker.keys import Keys
 
 WAKE_TTL_S = 60
 log = structlog.get_logger("conveyor.gateway")
-UNREADABLE = ErrorCode.INTERNAL.value  # the code of the error event standing for an event that is not JSON
+# The error event standing for an entry that is not an event: a 500 internal_error.
+NOT_AN_EVENT = {"type": "error", "code": ErrorCode.INTERNAL.value, "message": "an entry is not an event"}
 Sink = Callable[[list[dict]], None]  # takes one read's events of its stream, in the reader's pass
 
 
@@ -140,9 +141,9 @@ class StreamHub:
             self._last[key] = entries[-1][0]
             try:
                 batch = until_terminal(entries)
-            except ValueError:  # not JSON (no worker wrote it): that answer ends as a failure, the rest go on
+            except (ValueError, TypeError, KeyError):  # not an event (not JSON, no type): no worker wrote it
                 log.exception("a stream's event could not be decoded", stream=key.decode())
-                batch = [{"type": "error", "code": UNREADABLE, "message": "an event of the job is not JSON"}]
+                batch = [dict(NOT_AN_EVENT)]
             ended = batch[-1]["type"] in TERMINAL  # nothing follows
             try:
                 sink(batch)

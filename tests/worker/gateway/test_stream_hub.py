@@ -165,12 +165,15 @@ def test_requests_take_their_events_before_the_next_reply_is_read():
     asyncio.run(body())
 
 
-def test_an_event_that_is_not_json_ends_its_answer_as_an_error_and_the_others_go_on():
+@pytest.mark.parametrize(
+    "raw", [b'{"type": "tok', b"5", b'{"index": 0}'], ids=["not-json", "no-dict", "no-type"]
+)
+def test_an_entry_that_is_not_an_event_ends_its_answer_as_an_error_and_the_others_go_on(raw):
     keys = Keys(prefix="hubtest")
     bad, good = keys.out("bad").encode(), keys.out("good").encode()
     done = {"type": "done", "finish_reason": "length", "usage": {}}
     client = Scripted([
-        [[bad, [(b"0-1", {EVENT_FIELD: b'{"type": "tok'})]], [good, _entries([_token(0)])]],
+        [[bad, [(b"0-1", {EVENT_FIELD: raw})]], [good, _entries([_token(0)])]],
         [[good, _entries([_token(1), done])]],
     ])  # fmt: skip
 
@@ -188,9 +191,7 @@ def test_an_event_that_is_not_json_ends_its_answer_as_an_error_and_the_others_go
         return seen
 
     seen_bad, seen_good = asyncio.run(body())
-    assert seen_bad == [
-        [{"type": "error", "code": "internal_error", "message": "an event of the job is not JSON"}]
-    ]
+    assert seen_bad == [[{"type": "error", "code": "internal_error", "message": "an entry is not an event"}]]
     assert seen_good == [[_token(0)], [_token(1), done]]
 
 
