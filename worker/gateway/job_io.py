@@ -10,9 +10,11 @@ from typing import Any
 
 import orjson
 import redis
+import structlog
 
 from worker.cluster.shard_keys import keys_of_shard_stream
 from worker.connection import Backoff
+from worker.error_codes import ErrorCode
 from worker.gateway.errors import queue_full
 from worker.gateway.fleet_view import ServedModel
 from worker.intake.lane_layout import read_layout_async
@@ -21,6 +23,9 @@ from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
 LOST = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
 TERMINAL = ("done", "error")  # the event types that end an output stream
+# The error event standing for an entry that is not an event: a 500 internal_error.
+NOT_AN_EVENT = {"type": "error", "code": ErrorCode.INTERNAL.value, "message": "an entry is not an event"}
+log = structlog.get_logger("conveyor.gateway")
 
 
 async def queued(client, stream: str, groups: list[str]) -> int:
@@ -77,11 +82,18 @@ def parse_json(raw: bytes) -> Any:
 
 def until_terminal(entries: list) -> list[dict]:
     """The events of one read's entries of an output stream, up to its terminal event (nothing follows
-    one; were something there, no reader should see it)."""
+    one; were something there, no reader should see it). An entry that is not an event (no worker writes
+    one: not JSON, not an object, no type) ends the answer there with NOT_AN_EVENT, a 500."""
     events = []
     for _, fields in entries:
-        events.append(event := parse_json(fields[EVENT_FIELD]))
-        if event["type"] in TERMINAL:
+        try:
+            event = parse_json(fields[EVENT_FIELD])
+            ended = event["type"] in TERMINAL
+        except (ValueError, TypeError, KeyError):
+            log.exception("an output stream's entry is not an event")
+            event, ended = dict(NOT_AN_EVENT), True
+        events.append(event)
+        if ended:
             break
     return events
 

@@ -28,14 +28,11 @@ import redis
 import structlog
 
 from worker.connection import Backoff
-from worker.error_codes import ErrorCode
 from worker.gateway.job_io import LOST, TERMINAL, until_terminal
 from worker.keys import Keys
 
 WAKE_TTL_S = 60
 log = structlog.get_logger("conveyor.gateway")
-# The error event standing for an entry that is not an event: a 500 internal_error.
-NOT_AN_EVENT = {"type": "error", "code": ErrorCode.INTERNAL.value, "message": "an entry is not an event"}
 Sink = Callable[[list[dict]], None]  # takes one read's events of its stream, in the reader's pass
 
 
@@ -139,11 +136,7 @@ class StreamHub:
             if sink is None:  # its request ended meanwhile
                 continue
             self._last[key] = entries[-1][0]
-            try:
-                batch = until_terminal(entries)
-            except (ValueError, TypeError, KeyError):  # not an event (not JSON, no type): no worker wrote it
-                log.exception("a stream's event could not be decoded", stream=key.decode())
-                batch = [dict(NOT_AN_EVENT)]
+            batch = until_terminal(entries)
             ended = batch[-1]["type"] in TERMINAL  # nothing follows
             try:
                 sink(batch)

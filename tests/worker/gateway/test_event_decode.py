@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from worker.gateway.job_io import parse_json, until_terminal
+from worker.gateway.job_io import NOT_AN_EVENT, TERMINAL, parse_json, until_terminal
 from worker.keys import EVENT_FIELD
 
 EVENTS = [
@@ -66,3 +66,18 @@ def test_until_terminal_decodes_each_entry_and_stops_at_the_terminal_one():
     ]
     events = until_terminal(entries)
     assert [e["type"] for e in events] == ["token", "done"] and events[0]["logprobs"][0][0][1] == -math.inf
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"type": "tok', b"5", b'{"index": 0}'], ids=["not-json", "no-dict", "no-type"]
+)
+def test_an_entry_that_is_not_an_event_ends_the_events_with_an_error(raw):
+    entries = [
+        (b"0-1", {EVENT_FIELD: b'{"type":"token","index":0}'}),
+        (b"0-2", {EVENT_FIELD: raw}),
+        (b"0-3", {EVENT_FIELD: b'{"type":"token","index":1}'}),
+    ]
+    events = until_terminal(entries)
+    assert events == [{"type": "token", "index": 0}, NOT_AN_EVENT]
+    assert NOT_AN_EVENT["type"] in TERMINAL and NOT_AN_EVENT["code"] == "internal_error"
+    assert until_terminal([(b"0-1", {b"other": b"{}"})]) == [NOT_AN_EVENT]  # no event field
