@@ -95,14 +95,13 @@ class ChunkWriter:
         ]
 
     def token(self, event: dict) -> bytes | None:
-        shown = b"null"
+        k, shown = event.get("sample") or 0, b"null"
         if event.get("logprobs") is not None:
             sample = SampleLogprobs()
             sample.add(event)
             if self.chat:
                 listed = chat_logprobs(sample)
             else:
-                k = event.get("sample") or 0
                 listed = completion_logprobs(sample, self._offsets.get(k, 0))
                 if listed["tokens"]:
                     self._offsets[k] = listed["text_offset"][-1] + len(listed["tokens"][-1])
@@ -113,9 +112,8 @@ class ChunkWriter:
         elif not event["text"]:
             return None  # text held back (a possible stop string, an unfinished character)
         head, after_index, after_text, tail = self._token
-        index = str(event.get("sample") or 0).encode()
         text = json_bytes(event["text"])  # a str (worker/protocol.py's TokenEvent)
-        return b"".join((head, index, after_index, text, after_text, shown, tail))
+        return b"".join((head, b"%d" % k, after_index, text, after_text, shown, tail))
 
     def batch(self, events: list[dict]) -> list[bytes]:
         """The chunks of events read together (the error chunk for a worker's error event)."""
