@@ -16,6 +16,11 @@ token's logprob, so every event has a chunk). Targets: gateway throughput >= 90%
 added latency p99 < 5 ms. Also reported: the CPU seconds each process spent during each run (the
 gateway's from /proc), as the processes share the machine's cores, and the gateway's write system calls
 per request (/proc's syscw). Writes JSON to benchmarks/results/.
+The engine's thread runs at niceness +19 (`--worker-nice`), as `conveyor worker --nice 19` does in
+compose.cpu.yaml, where CPU workers share the host's cores with the gateway and Redis: at equal priority
+(`--worker-nice 0`) the gateway's pass waits for a core behind the engine's threads on a small machine,
+which is the CPU engine's cost, not the gateway's (benchmarks/RESULTS.md, session 19). The reader and the
+HTTP client keep their priority, so neither side of the comparison is favoured.
 `--replicas N` runs N gateway processes, each on its own port, and the client opens its connections on
 them in turn, as a balancer in front of stateless replicas would spread them.
 
@@ -49,6 +54,7 @@ from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
 from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
 from worker.cli.logs import configure as configure_logs  # noqa: E402
+from worker.cli.niceness import MAX_NICENESS, lower_priority  # noqa: E402
 from worker.cli.tiny_model import resolve_model  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
@@ -193,7 +199,13 @@ def start_worker(args, url: str, keys: Keys):
     tracer = Tracer(Metrics({"consumer": "bench-1"}))
     worker = Worker(engine, client, cfg, observer=tracer)
     tracer.heartbeat = registry_heartbeat(client, cfg, engine, args.model, worker)
-    thread = threading.Thread(target=worker.run, daemon=True)
+
+    def run() -> None:
+        # This thread only: the processes that measure (started by the main thread) keep their priority.
+        lower_priority(args.worker_nice, whole_process=False)
+        worker.run()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return worker, thread
 
@@ -374,6 +386,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--redis-url", default=None, help="default: start a local redis-server")
     parser.add_argument("--torch-threads", type=int, default=0)
+    parser.add_argument(
+        "--worker-nice", type=int, default=MAX_NICENESS, choices=range(MAX_NICENESS + 1), metavar="0-19",
+        help="the engine thread's niceness increment, as `conveyor worker --nice` (compose.cpu.yaml: 19); "
+        "0 computes at the gateway's priority",
+    )  # fmt: skip
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
@@ -424,6 +441,7 @@ def main() -> None:
         "max_prompt": args.max_prompt,
         "max_output": args.max_output,
         "torch_threads": torch.get_num_threads(),
+        "worker_nice": args.worker_nice,
         "cpu_count": os.cpu_count(),
         "load_avg": os.getloadavg(),
         "redis": direct,
@@ -437,7 +455,10 @@ def main() -> None:
     print(
         f"gateway  {gateway['tokens_per_s']:10.1f} tok/s  ({gateway['tokens']} tokens in {gateway['seconds']:.2f} s)"
     )
-    print(f"ratio    {ratio:10.3f}  (target >= 0.90; {args.replicas} gateway replica(s))")
+    print(
+        f"ratio    {ratio:10.3f}  (target >= 0.90; {args.replicas} gateway replica(s); "
+        f"engine at niceness +{args.worker_nice})"
+    )
     print("cpu s    " + "  ".join(f"{k} {v:.2f}" for k, v in gateway["cpu_s"].items() if v is not None))
     if gateway["gateway_writes_per_request"] is not None:
         print(f"gateway write system calls per request  {gateway['gateway_writes_per_request']:.2f}")

@@ -16,6 +16,7 @@ from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.batch.api_config import BatchApiConfig
 from worker.cli.lane_options import PRIORITY_HELP, TENANT_HELP, lane_layout
+from worker.cli.niceness import MAX_NICENESS
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
 from worker.config import CLUSTER_SHARDS, WorkerConfig
@@ -157,6 +158,13 @@ def main() -> None:
     default=0,
     help="torch intra-op threads (0: torch's default, one per core)",
 )
+@opt(
+    "--nice",
+    type=click.IntRange(0, MAX_NICENESS),
+    default=0,
+    help="raise the worker's niceness by this: 19 lets a gateway and Redis on the same cores run before a "
+    "CPU worker's compute (docs/operations.md)",
+)
 @opt("--log-level", default="info")
 def worker(**kw: Any) -> None:
     """Serve jobs from the requests stream until SIGTERM (drain) or a second signal (exit at once)."""
@@ -180,6 +188,13 @@ def worker(**kw: Any) -> None:
     from worker.run.loop import Worker
 
     logs.configure(kw.pop("log_level"))
+    if nice := kw.pop("nice"):  # first: every thread and process the worker starts inherits it
+        from worker.cli.niceness import lower_priority
+
+        try:
+            lower_priority(nice)
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="--nice") from exc
     engine_kw = pop_config_kwargs(EngineConfig, kw)
     layout, weights = lane_layout(  # before Redis and the model: a refused combination costs neither
         Keys(**pop_config_kwargs(Keys, dict(kw))),
