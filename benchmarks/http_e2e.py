@@ -21,6 +21,9 @@ compose.cpu.yaml, where CPU workers share the host's cores with the gateway and 
 (`--worker-nice 0`) the gateway's pass waits for a core behind the engine's threads on a small machine,
 which is the CPU engine's cost, not the gateway's (benchmarks/RESULTS.md, session 19). The reader and the
 HTTP client keep their priority, so neither side of the comparison is favoured.
+The HTTP client and the Redis reader, which stand for clients on other machines, run on the last CPU and
+the gateway on the others (`--no-pin`: anywhere; benchmarks/cpu_split.py says why), in both runs; the
+engine and Redis may use every CPU.
 `--replicas N` runs N gateway processes, each on its own port, and the client opens its connections on
 them in turn, as a balancer in front of stateless replicas would spread them.
 
@@ -48,6 +51,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cpu_split import CpuSplit, pin, run_pinned, split_cpus  # noqa: E402
 from benchmarks.kernel_stamps import receive, stamp_arrivals  # noqa: E402
 from benchmarks.proc_counters import cpu_seconds, write_calls  # noqa: E402
 from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
@@ -223,10 +227,13 @@ def job_body(job) -> dict:
     }
 
 
-def run_redis(url: str, keys: Keys, workload, ctx) -> dict:
+def run_redis(url: str, keys: Keys, workload, ctx, cpus: CpuSplit | None) -> dict:
     ids = [f"r{k}" for k in range(len(workload))]
     ready, result = ctx.Event(), ctx.Queue()
-    reader = ctx.Process(target=read_streams, args=(url, keys.prefix, ids, ready, result))
+    measurers = None if cpus is None else cpus.measurers
+    reader = ctx.Process(
+        target=run_pinned, args=(measurers, read_streams, url, keys.prefix, ids, ready, result)
+    )
     reader.start()
     ready.wait(60)
     client = connect(url)
@@ -256,7 +263,14 @@ def replicas_total(serves: list[subprocess.Popen], of: Callable[[int], float | N
 
 
 def run_gateway(
-    url: str, keys: Keys, workload, clients: int, ctx, client_kind: str, replicas: int = 1
+    url: str,
+    keys: Keys,
+    workload,
+    clients: int,
+    ctx,
+    client_kind: str,
+    replicas: int = 1,
+    cpus: CpuSplit | None = None,
 ) -> dict:
     from worker.local_redis import free_port
 
@@ -270,6 +284,7 @@ def run_gateway(
         subprocess.Popen([*serve_cmd, "--port", str(port)], cwd=root, env=env, stdin=subprocess.DEVNULL)
         for port in ports
     ]
+    measurers = None if cpus is None else cpus.measurers
     try:
         import httpx
 
@@ -292,11 +307,18 @@ def run_gateway(
         for _, body in requests:
             body.update(stream=True, stream_options={"include_usage": True})
         ready_r, result_r = ctx.Event(), ctx.Queue()
-        reader = ctx.Process(target=read_streams, args=(url, keys.prefix, ids, ready_r, result_r))
+        if cpus is not None:
+            for serve in serves:  # every thread it has; those started later inherit their creator's CPUs
+                pin(serve.pid, cpus.served)
+        reader = ctx.Process(
+            target=run_pinned, args=(measurers, read_streams, url, keys.prefix, ids, ready_r, result_r)
+        )
         ready_h, go, result_h = ctx.Event(), ctx.Event(), ctx.Queue()
         base = "http://127.0.0.1:" + ",".join(map(str, ports))
         target = raw_clients if client_kind == "raw" else http_clients
-        client = ctx.Process(target=target, args=(base, requests, clients, ready_h, go, result_h))
+        client = ctx.Process(
+            target=run_pinned, args=(measurers, target, base, requests, clients, ready_h, go, result_h)
+        )
         reader.start()
         client.start()
         ready_r.wait(60)
@@ -391,6 +413,11 @@ def main() -> None:
         help="the engine thread's niceness increment, as `conveyor worker --nice` (compose.cpu.yaml: 19); "
         "0 computes at the gateway's priority",
     )  # fmt: skip
+    parser.add_argument(
+        "--pin", action=argparse.BooleanOptionalAction, default=True,
+        help="the HTTP client and the Redis reader on the last CPU, the gateway on the others "
+        "(benchmarks/cpu_split.py; nothing is pinned with fewer than two CPUs)",
+    )  # fmt: skip
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
@@ -419,15 +446,16 @@ def main() -> None:
         url = server.url
     keys = Keys(prefix=f"bench-{os.getpid()}", served_model=MODEL)
     ctx = mp.get_context("spawn")
+    cpus = split_cpus() if args.pin else None
     worker, thread = start_worker(args, url, keys)
     try:
         print(f"{len(args.workload)} requests; through redis ...", flush=True)
-        direct = run_redis(url, keys, args.workload, ctx)
+        direct = run_redis(url, keys, args.workload, ctx, cpus)
         print(
             f"  {direct['tokens_per_s']:.1f} tok/s; through the gateway ({args.clients} clients) ...",
             flush=True,
         )
-        gateway = run_gateway(url, keys, args.workload, args.clients, ctx, args.client, args.replicas)
+        gateway = run_gateway(url, keys, args.workload, args.clients, ctx, args.client, args.replicas, cpus)
     finally:
         worker.stop.request()
         thread.join(timeout=60)
@@ -442,6 +470,7 @@ def main() -> None:
         "max_output": args.max_output,
         "torch_threads": torch.get_num_threads(),
         "worker_nice": args.worker_nice,
+        "cpus": None if cpus is None else cpus.as_json(),
         "cpu_count": os.cpu_count(),
         "load_avg": os.getloadavg(),
         "redis": direct,
@@ -457,7 +486,8 @@ def main() -> None:
     )
     print(
         f"ratio    {ratio:10.3f}  (target >= 0.90; {args.replicas} gateway replica(s); "
-        f"engine at niceness +{args.worker_nice})"
+        f"engine at niceness +{args.worker_nice}; "
+        + ("nothing pinned)" if cpus is None else f"measurers on CPU {sorted(cpus.measurers)})")
     )
     print("cpu s    " + "  ".join(f"{k} {v:.2f}" for k, v in gateway["cpu_s"].items() if v is not None))
     if gateway["gateway_writes_per_request"] is not None:
