@@ -52,7 +52,7 @@ def test_a_spawned_target_runs_on_the_cpus_it_is_given():
 
 
 CHILD = """
-import os, sys, threading, time
+import os, sys, threading
 stop = threading.Event()
 early = threading.Thread(target=stop.wait)
 early.start()
