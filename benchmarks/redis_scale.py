@@ -40,7 +40,7 @@ and the CPU per event say where Redis's time goes.
 Target (issue 13): cluster >= 2x one Redis's events/s with 3 masters. NOT shown: this needs a core per
 Redis server and per worker process. Measured on a 2-core AMD EPYC VM shared with other jobs (load
 average 5-7), defaults (2 workers, 1024 jobs, 6 shards spread 2/2/2), medians of 5 runs
-(benchmarks/results/redis_scale-h3*.json, -before-after.json):
+(their JSONs are in git history; benchmarks/RESULTS.md has the current figures):
 - measured events/s, cluster / single: 0.62x without replicas, 0.75x with one per master (the workers are
   the limit: they share the 2 cores with 6 or 2 Redis servers);
 - master CPU per event, cluster (summed over the masters) / single: 1.80x without replicas, 1.56x with;
