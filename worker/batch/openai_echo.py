@@ -51,8 +51,9 @@ def take_echo(body: dict, job: dict) -> Echo | None:
         not isinstance(vllm_k, int) or isinstance(vllm_k, bool) or not 0 <= vllm_k <= 20
     ):
         raise EchoError("prompt_logprobs must be an integer from 0 to 20")
-    only = bool(echo) and job.get("max_tokens") == 0
-    if job.get("max_tokens") == 0 and not echo:
+    zero = job.get("max_tokens") == 0 and not isinstance(job.get("max_tokens"), bool)
+    only = bool(echo) and zero
+    if zero and not echo:
         raise EchoError("max_tokens 0 needs echo: true (it scores the prompt only)")
     if not echo and vllm_k is None:
         return None

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from tests.helpers.gateway import _ENGINES, greedy
+from engine.token_pieces import TokenPieces
+from tests.helpers.gateway import greedy, local_engine
 from tests.worker.gateway.conftest import MODEL
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
@@ -19,10 +20,10 @@ K, MAX = 2, 4
 def reference(tiny_model):
     """The engine's own answer in this process: (prompt logprobs, prompt pieces, greedy text)."""
     text = greedy(tiny_model, PROMPT, MAX, ignore_eos=True)
-    engine = _ENGINES[tiny_model]
+    engine = local_engine(tiny_model)
     params = SamplingParams(max_tokens=MAX, temperature=0, ignore_eos=True, prompt_logprobs=K)
-    out = engine.generate([PROMPT], params)[0]  # type: ignore[attr-defined]
-    pieces = [engine._pieces.piece(t) for t in out.prompt_token_ids]  # type: ignore[attr-defined]
+    out = engine.generate([PROMPT], params)[0]
+    pieces = [TokenPieces(engine.tokenizer).piece(t) for t in out.prompt_token_ids]
     return out.prompt_logprobs, pieces, text
 
 
