@@ -148,7 +148,8 @@ class ModelRunner:
                     self.sampler.launch(logits, [states[r] for r in sample_ids]) if num_sampled else None
                 )
             # Prompt logprobs go out with the request's first sampled token, once complete.
-            ready = {r: self.prompt_scores[r] for r in sample_ids if r in self.prompt_scores}
+            scores = self.prompt_scores
+            ready = {r: scores[r] for r in sample_ids if r in scores} if scores else None
             handle = PendingOutput(sample_ids, sampled, prompt, ready)
             self._unfolded = handle
         self.last_forward_seconds = t2 - t1

@@ -115,3 +115,31 @@ def test_a_resumed_request_does_not_send_them_again(model_dir, prompts):
 def test_range_is_checked():
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=21)
+
+
+# 9 KV blocks of 8 tokens for more work than that: requests are preempted and recomputed mid-prompt.
+TIGHT = {"block_size": 8, "max_num_batched_tokens": 16, "num_kv_blocks": 9, "max_model_len": 64}
+
+
+def _tight_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(3, 200, (n,), generator=g).tolist() for n in (30, 5, 11, 20)]
+
+
+def test_preempted_requests_still_score_their_prompts(model_dir):
+    engine = _engine(model_dir, **TIGHT)
+    prompts = _tight_prompts()
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, prompt_logprobs=K)
+    outs = engine.generate(prompts, params)
+    assert engine.stats().num_preemptions > 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        _check(model_dir, prompt, out.prompt_logprobs)
+
+
+def test_two_ranks_score_prompts_as_one_process(model_dir):
+    """tensor_parallel_size 2 (gloo ranks on the CPU): the prompt rows go to every rank with the sampled ones."""
+    prompts = _tight_prompts()[:3]
+    with _engine(model_dir, tensor_parallel_size=2, **TIGHT) as engine:
+        outs = engine.generate(prompts, PARAMS)
+    for prompt, out in zip(prompts, outs, strict=True):
+        _check(model_dir, prompt, out.prompt_logprobs)
