@@ -47,6 +47,7 @@ class ChunkWriter:
         # Per sample, the length of the token pieces shown so far: a completion chunk's text_offset
         # counts from the start of the sample's text, as the answer sent whole does.
         self._offsets: dict[int, int] = {}
+        self._echoed = False  # the prompt went out (echo / prompt_logprobs): once
         # The chunks that differ per event, cut where what differs goes: a token's (its sample's index,
         # its text, its logprobs), a choice's last one (its index, its finish reason) and the usage.
         self._token = sse_template(self._payload([self._choice(hole(0), hole(1), None, hole(2))]), 3)
@@ -104,6 +105,7 @@ class ChunkWriter:
         prompt_logprobs; later text offsets count from the end of the echoed prompt."""
         echo = self.echo
         assert echo is not None
+        self._echoed = True
         text = echoed_text(echo, scores) if echo.echo else ""
         shown = None
         if echo.echo and echo.logprobs is not None and scores is not None:
@@ -125,7 +127,8 @@ class ChunkWriter:
     def _echo_token(self, event: dict, echo: Echo) -> bytes | None:
         """A token event of a job with echo or prompt_logprobs: the prompt's chunks with the event carrying
         its scores; with max_tokens 0 nothing of the generated token."""
-        first = b"".join(self._echo(PromptScores.of(event))) if "prompt_logprobs" in event else b""
+        scored = "prompt_logprobs" in event and not self._echoed
+        first = b"".join(self._echo(PromptScores.of(event))) if scored else b""
         if echo.only:
             return first or None
         return first + (self._token_chunk(event) or b"") or None
