@@ -21,6 +21,10 @@ import torch
 
 from engine.outputs import PromptLogprobs, TokenLogprobs
 
+# Rows whose log_softmax is taken at once: the logits of a long prompt chunk ([P, V] float32, P up to
+# max_num_batched_tokens) are not copied whole a second time.
+SLICE_ROWS = 256
+
 
 class PromptScores:
     """One request's prompt logprobs as its chunks' rows come back; entry 0 is always None."""
@@ -70,13 +74,20 @@ class PromptRows:
 
     def launch(self, logits: torch.Tensor, vocab_size: int) -> None:
         """logits: [P, V_padded] of these rows, in order. Queues the log_softmax, gather and top-k."""
-        logprobs = torch.log_softmax(logits[:, :vocab_size].float(), dim=-1)  # [P, V]
         targets = torch.tensor(self.targets, dtype=torch.int64, device=logits.device)  # [P]
-        self._token = logprobs.gather(1, targets[:, None]).squeeze(1)  # [P]
-        k_max = max(s.k for s in self.scores)
+        k_max = min(max(s.k for s in self.scores), vocab_size)
+        token, values, ids = [], [], []
+        for at in range(0, logits.shape[0], SLICE_ROWS):
+            rows = slice(at, at + SLICE_ROWS)
+            logprobs = torch.log_softmax(logits[rows, :vocab_size].float(), dim=-1)  # [S, V]
+            token.append(logprobs.gather(1, targets[rows, None]).squeeze(1))  # [S]
+            if k_max > 0:
+                top = logprobs.topk(k_max, dim=-1)  # [S, k_max]
+                values.append(top.values)
+                ids.append(top.indices)
+        self._token = torch.cat(token)  # [P]
         if k_max > 0:
-            top = logprobs.topk(min(k_max, vocab_size), dim=-1)
-            self._top = (top.values, top.indices)
+            self._top = (torch.cat(values), torch.cat(ids))  # [P, k_max] each
 
     def read(self) -> None:
         """Fill each row's request's entry (waits for the device)."""

@@ -65,6 +65,13 @@ def test_prompt_logprobs_match_transformers(model_dir, prompts, options):
         _check(model_dir, prompt, out.prompt_logprobs)
 
 
+def test_long_chunks_are_scored_in_slices(model_dir, prompts, monkeypatch):
+    monkeypatch.setattr("engine.prompt_logprobs.SLICE_ROWS", 4)  # 40 prompt rows in one step: 10 slices
+    outs = _engine(model_dir).generate(prompts, PARAMS)
+    for prompt, out in zip(prompts, outs, strict=True):
+        _check(model_dir, prompt, out.prompt_logprobs)
+
+
 def test_only_the_requests_that_ask_get_them(model_dir, prompts):
     engine = _engine(model_dir)
     plain = PARAMS.model_copy(update={"prompt_logprobs": None})
