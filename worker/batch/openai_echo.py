@@ -45,7 +45,7 @@ def take_echo(body: dict, job: dict) -> Echo | None:
     """Pop `echo` and `prompt_logprobs` from a completions body and set the job's `prompt_logprobs` and
     `max_tokens` (after the prompt, max_tokens and logprobs are in the job). None when neither is asked."""
     echo, vllm_k = body.pop("echo", None), body.pop("prompt_logprobs", None)
-    if echo not in (None, True, False):
+    if echo is not None and not isinstance(echo, bool):
         raise EchoError("echo must be a boolean")
     if vllm_k is not None and (
         not isinstance(vllm_k, int) or isinstance(vllm_k, bool) or not 0 <= vllm_k <= 20
