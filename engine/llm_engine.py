@@ -32,7 +32,7 @@ from engine.distributed.rank_runner import build_rank_runner, rank_device
 from engine.errors import FailureCode, RejectReason, RequestRejected
 from engine.model_loader import ModelSpec
 from engine.model_runner import PendingOutput
-from engine.outputs import CompletionOutput, EngineStats, RequestOutput, StepDelta
+from engine.outputs import CompletionOutput, EngineStats, PromptLogprobs, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
 from engine.sampler import TokenSampler
 from engine.sampling.make_sampler import make_sampler
@@ -263,7 +263,7 @@ class LLMEngine:
         runner_out = pending.result()
         updated = self.scheduler.update_from_output(sched_out, runner_out)
         rejected = self.structured.accept(updated)
-        deltas = self._deltas(updated, runner_out.logprobs)
+        deltas = self._deltas(updated, runner_out.logprobs, runner_out.prompt_logprobs)
         return deltas + self._fail_structured(rejected) if rejected else deltas
 
     def _fail_structured(self, failures: list[tuple[Request, str, FailureCode]]) -> list[StepDelta]:
@@ -302,7 +302,10 @@ class LLMEngine:
         return out
 
     def _deltas(
-        self, updated: list[Request], logprobs: dict[str, list[tuple[int, float]]]
+        self,
+        updated: list[Request],
+        logprobs: dict[str, list[tuple[int, float]]],
+        prompt_logprobs: dict[str, PromptLogprobs],
     ) -> list[StepDelta]:
         """One StepDelta per request that got tokens this step, in batch order (256 at full batch)."""
         out: list[StepDelta] = []
@@ -320,10 +323,20 @@ class LLMEngine:
                     add(self._delta_for(request, new_ids, text, stopped, logprobs.get(seq_id)))
                 else:
                     add(make(request, new_ids, text))
+                if prompt_logprobs and seq_id in prompt_logprobs:  # the request's first token
+                    self._add_prompt_logprobs(out[-1], request, prompt_logprobs[seq_id])
             except Exception as exc:
                 out += self._fail_request(request, exc)
         self._num_generated_tokens += generated
         return out
+
+    def _add_prompt_logprobs(self, delta: StepDelta, request: Request, lp: PromptLogprobs) -> None:
+        """Once per request, on sample 0's first delta: its prompt's logprobs, and their pieces (the first
+        prompt token, which has no logprob, lists its own piece)."""
+        delta.prompt_logprobs = lp
+        listed = [e for e in lp if e is not None]
+        first = [self._pieces.piece(request.prompt_token_ids[0])]
+        delta.prompt_logprob_tokens = [first, *self._pieces.for_logprobs(listed)]
 
     def _delta_for(
         self,
@@ -417,6 +430,8 @@ class LLMEngine:
                 out.text += delta.text_delta
                 if delta.logprobs is not None:
                     out.logprobs = (out.logprobs or []) + delta.logprobs
+                if delta.prompt_logprobs is not None:
+                    results[delta.request_id].prompt_logprobs = delta.prompt_logprobs
                 if delta.finished:
                     out.finish_reason = delta.finish_reason
         return [results[i] for i in ids]

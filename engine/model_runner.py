@@ -26,6 +26,7 @@ from engine.model_loader import ModelSpec
 from engine.models.generic.checks import refuse_cuda_graphs
 from engine.models.generic.model import TransformersCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.prompt_logprobs import PromptRows, PromptScores
 from engine.request_state import RequestState
 from engine.sampler import SampledIds, TokenSampler
 from engine.sampling.host_to_device import to_device
@@ -95,6 +96,8 @@ class ModelRunner:
         self.last_step_seconds = 0.0
         # Each request's state, owned here: made from the scheduler's NewRequest, grown by sampled ids.
         self.states: dict[str, RequestState] = {}
+        # Requests with params.prompt_logprobs whose prompt logprobs have not gone out yet.
+        self.prompt_scores: dict[str, PromptScores] = {}
         # The last step whose sampled ids are not in `states` yet.
         self._unfolded: PendingOutput | None = None
 
@@ -125,6 +128,10 @@ class ModelRunner:
         if placeholders:
             assert self._unfolded is not None
             self._fill_placeholders(input_ids, placeholders, self._unfolded)
+        prompt = self._prompt_rows(layouts) if self.prompt_scores else None
+        if prompt is not None:  # their logits after the sampled rows': [B + P]
+            extra = to_device(prompt.flat_rows, sample_rows.device, torch.int64)
+            sample_rows = torch.cat([sample_rows, extra])
         t1 = time.perf_counter()
         logits = run(StepInputs(input_ids, positions, meta, sample_rows, sched_out.block_copies))
         t2 = time.perf_counter()
@@ -132,10 +139,18 @@ class ModelRunner:
         if logits is None:
             handle = PendingOutput.done(RunnerOutput(sampled_token_ids={}))
         else:
-            states = self.states
+            states, num_sampled = self.states, len(sample_ids)
             with torch.inference_mode():
-                sampled = self.sampler.launch(logits, [states[r] for r in sample_ids])
-            handle = PendingOutput(sample_ids, sampled)
+                if prompt is not None:
+                    prompt.launch(logits[num_sampled:], self.spec.vocab_size)
+                    logits = logits[:num_sampled]
+                sampled = (
+                    self.sampler.launch(logits, [states[r] for r in sample_ids]) if num_sampled else None
+                )
+            # Prompt logprobs go out with the request's first sampled token, once complete.
+            scores = self.prompt_scores
+            ready = {r: scores[r] for r in sample_ids if r in scores} if scores else None
+            handle = PendingOutput(sample_ids, sampled, prompt, ready)
             self._unfolded = handle
         self.last_forward_seconds = t2 - t1
         self.last_step_seconds = time.perf_counter() - t0
@@ -147,10 +162,28 @@ class ModelRunner:
         for request_id in sched_out.finished_ids:
             states.pop(request_id, None)
             tables.release(request_id)
+            self.prompt_scores.pop(request_id, None)
         for request_id in sched_out.preempted_ids:
             tables.release(request_id)  # the state stays: it resumes from its own tokens
         for new in sched_out.new_requests:
             states[new.request_id] = RequestState(new)
+            # Sample 0 carries the request's prompt logprobs; a resumed request sent them before.
+            k = new.params.prompt_logprobs
+            if k is not None and new.sample_index == 0 and not new.output_token_ids:
+                self.prompt_scores[new.request_id] = PromptScores(new.prompt_token_ids, k)
+
+    def _prompt_rows(self, layouts: list[SequenceLayout]) -> PromptRows | None:
+        """The rows of this step whose logits score a prompt token (engine/prompt_logprobs.py)."""
+        rows = PromptRows()
+        flat = 0
+        for layout in layouts:
+            scores = self.prompt_scores.get(layout.request_id)
+            if scores is not None and scores.sent:
+                del self.prompt_scores[layout.request_id]
+            elif scores is not None:
+                rows.add(scores, layout.start_pos, len(layout.token_ids), flat)
+            flat += len(layout.token_ids)
+        return rows if len(rows) else None
 
     def _layouts(self, seqs: list[ScheduledSequence]) -> tuple[list[SequenceLayout], list[tuple[int, str]]]:
         """Each sequence's tokens from the runner's own state, its block table row updated from the diff.
@@ -243,9 +276,18 @@ class ModelRunner:
 class PendingOutput:
     """A step's RunnerOutput once its sampled ids are read; `result()` waits for them (once)."""
 
-    def __init__(self, sample_ids: list[str], sampled: SampledIds | None) -> None:
+    def __init__(
+        self,
+        sample_ids: list[str],
+        sampled: SampledIds | None,
+        prompt: PromptRows | None = None,
+        prompt_ready: dict[str, PromptScores] | None = None,
+    ) -> None:
         self.sample_ids = sample_ids  # [B] request ids, in the order of the sampled rows
-        self.sampled = sampled
+        self.sampled = sampled  # None when the step samples nothing
+        self.prompt = prompt  # the step's prompt-logprob rows, read with the sampled ids
+        # Sampled requests with prompt logprobs still to send: sent now if complete.
+        self.prompt_ready = prompt_ready or {}
         self._out: RunnerOutput | None = None
 
     @classmethod
@@ -260,11 +302,21 @@ class PendingOutput:
 
     def result(self) -> RunnerOutput:
         if self._out is None:
-            assert self.sampled is not None
+            if self.prompt is not None:
+                self.prompt.read()
+            prompt_logprobs = {}
+            for rid, scores in self.prompt_ready.items():
+                if scores.complete and not scores.sent:
+                    scores.sent = True
+                    prompt_logprobs[rid] = scores.entries
+            if self.sampled is None:
+                self._out = RunnerOutput(sampled_token_ids={}, prompt_logprobs=prompt_logprobs)
+                return self._out
             result = self.sampled.read()
             ids = self.sample_ids
             self._out = RunnerOutput(
                 sampled_token_ids=dict(zip(ids, result.token_ids, strict=True)),
                 logprobs={r: lp for r, lp in zip(ids, result.logprobs, strict=True) if lp is not None},
+                prompt_logprobs=prompt_logprobs,
             )
         return self._out

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 # One generated token's log-probabilities: the sampled token first, then the top-k as (token_id, logprob).
 TokenLogprobs = list[tuple[int, float]]
+# A prompt's log-probabilities, one entry per prompt token: None for the first (nothing predicts it), then
+# the prompt token itself first and the top-k as (token_id, logprob), as TokenLogprobs.
+PromptLogprobs = list[TokenLogprobs | None]
 
 
 @dataclass(slots=True)
@@ -31,6 +34,11 @@ class StepDelta:
     logprob_tokens: list[list[str]] | None = None
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
+    # params.prompt_logprobs: set once, on the first delta of sample 0 (never on a resumed request's).
+    prompt_logprobs: PromptLogprobs | None = None
+    # Parallel to prompt_logprobs: each listed token's text piece; the first prompt token (no logprob)
+    # lists its own piece only, so the pieces' first column is the prompt token by token.
+    prompt_logprob_tokens: list[list[str]] | None = None
     num_prompt_tokens: int = 0
     # Set on the finishing delta: the sample's whole text and token count (prior tokens of a resumed
     # request included).
@@ -56,6 +64,7 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
+    prompt_logprobs: PromptLogprobs | None = None  # when params.prompt_logprobs is set
 
     # The first sample's fields, for the common n == 1 case.
     @property

@@ -35,6 +35,10 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     # Number of top log-probabilities to return per generated token (the sampled one is always included).
     logprobs: int | None = Field(None, ge=0, le=20)
+    # Log-probabilities of the prompt's own tokens (vLLM's name): 0 gives each prompt token's logprob, k > 0
+    # the top-k at each position as well. The first prompt token has none (None). Such a request does not
+    # read the prefix cache (a cached prefix has no logits), as in vLLM; it still fills it for others.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     # Constrained decoding (engine/structured/): OpenAI's response_format or vLLM's structured_outputs, not both.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = Field(None, validate_default=True)

@@ -32,6 +32,7 @@ SAMPLING_FIELDS = (
     "stop_token_ids",
     "ignore_eos",
     "logprobs",
+    "prompt_logprobs",
     "response_format",
     "structured_outputs",
 )
@@ -77,6 +78,9 @@ class Job(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     logprobs: int | None = None
+    # Logprobs of the prompt's own tokens (vLLM's prompt_logprobs): published once, on sample 0's first
+    # token event (TokenEvent.prompt_logprobs).
+    prompt_logprobs: int | None = None
     # Constrained decoding, as OpenAI (`response_format`) or vLLM (`structured_outputs`) write it; the engine
     # validates both (engine/structured/spec.py) and the grammar engine checks the schema/regex/grammar.
     response_format: dict | None = None
@@ -111,6 +115,11 @@ class TokenEvent(BaseModel):
     logprobs: list[list[tuple[int, float]]] | None = None
     # Parallel to logprobs: each listed token's text piece, as the model's tokenizer decodes it alone.
     logprob_tokens: list[list[str]] | None = None
+    # Only on sample 0's first token event of a job that asked (prompt_logprobs): per prompt token, null for
+    # the first, then [[prompt_id, logprob], [top_id, logprob], ...].
+    prompt_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # Parallel to prompt_logprobs: each listed token's text piece; the first prompt token lists its own.
+    prompt_logprob_tokens: list[list[str]] | None = None
 
 
 class Usage(BaseModel):

@@ -101,11 +101,14 @@ class KVBlockManager:
 
     def get_computed_blocks(self, request: Request) -> CachedPrefix:
         """Longest cached prefix of the request's tokens, in full blocks, leaving at least the last token
-        to compute so the step has logits to sample from (a full-prompt hit recomputes its last block)."""
+        to compute so the step has logits to sample from (a full-prompt hit recomputes its last block).
+        A request asking for prompt logprobs reads none (a cached prefix has no logits), as in vLLM."""
         if not self.enable_prefix_caching:
             return NO_PREFIX
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self._ensure_hashes(request, max_blocks)
+        if request.params.prompt_logprobs is not None:
+            return NO_PREFIX
         tokens = request.token_ids()
         bs = self.block_size
         hits: list[KVBlock] = []
@@ -120,7 +123,7 @@ class KVBlockManager:
         """Tokens of the request's full blocks right after its cached prefix that admitted requests are
         computing now: were it admitted once they are registered, it would find them cached instead of
         computing them again. Call after get_computed_blocks."""
-        if not self._computing:
+        if not self._computing or request.params.prompt_logprobs is not None:  # it reads no cache
             return 0
         hashes = self._hashes.get(request.request_id, ())
         i = n = len(cached.blocks)

@@ -88,3 +88,6 @@ class RunnerOutput:
     sampled_token_ids: dict[str, int]
     # request_id -> [(token_id, logprob), ...]: the sampled token first, then the top-k; only when asked.
     logprobs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # request_id -> its prompt's logprobs (engine/outputs.py PromptLogprobs), once, in the step of its
+    # first sampled token; only for requests with params.prompt_logprobs.
+    prompt_logprobs: dict[str, list[list[tuple[int, float]] | None]] = field(default_factory=dict)

@@ -8,11 +8,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from tests.helpers.waiting import wait_until
 from worker.local_redis import free_port
+
+if TYPE_CHECKING:
+    from engine import LLMEngine
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -62,20 +66,28 @@ def spawn_gateway(url: str, log_dir: Path, *extra: str) -> GatewayProc:
     return gateway
 
 
-_ENGINES: dict[str, object] = {}
+_ENGINES: dict[str, LLMEngine] = {}
 
 
-def greedy(model: str, prompt, max_tokens: int, ignore_eos: bool = False) -> str:
-    """The engine's own greedy text for a prompt (a str, or a list of chat messages) in this process."""
+def local_engine(model: str) -> LLMEngine:
+    """An engine on `model` in this process, made once per model (the reference the served answers match)."""
     import torch
 
-    from engine import LLMEngine, SamplingParams
-    from engine.prompt import Chat
+    from engine import LLMEngine
 
     torch.set_num_threads(1)
     engine = _ENGINES.get(model)
     if engine is None:
         engine = _ENGINES[model] = LLMEngine(model, num_kv_blocks=256, max_num_seqs=4)
+    return engine
+
+
+def greedy(model: str, prompt, max_tokens: int, ignore_eos: bool = False) -> str:
+    """The engine's own greedy text for a prompt (a str, or a list of chat messages) in this process."""
+    from engine import SamplingParams
+    from engine.prompt import Chat
+
+    engine = local_engine(model)
     given = Chat(prompt) if isinstance(prompt, list) else prompt
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
-    return engine.generate([given], params)[0].text  # type: ignore[attr-defined]
+    return engine.generate([given], params)[0].text

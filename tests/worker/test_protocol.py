@@ -150,3 +150,19 @@ def test_tenant_and_affinity_are_checked(field, value, ok):
     else:
         with pytest.raises(ValueError):
             Job.model_validate_json(raw)
+
+
+def test_prompt_logprobs_round_trip_on_the_first_token_event():
+    job = Job(id="p", prompt="a b", prompt_logprobs=2, max_tokens=1)
+    assert SamplingParams(**job.sampling_kwargs()).prompt_logprobs == 2
+    prompt = [None, [(7, -1.5), (3, -0.5), (7, -1.5)], [(9, float("-inf")), (4, -0.1), (5, -0.2)]]
+    pieces = [["a"], [" b", " c", " b"], [" d", " e", " f"]]
+    delta = StepDelta("p", 0, [5], "x", 0, prompt_logprobs=prompt, prompt_logprob_tokens=pieces)
+    raw = token_event(delta, n=1)
+    token = parse_event(raw)
+    assert isinstance(token, TokenEvent)
+    assert token.prompt_logprobs == prompt and token.prompt_logprob_tokens == pieces
+    # Events without them carry neither field.
+    assert "prompt_logprobs" not in json.loads(token_event(StepDelta("p", 0, [6], "y", 1), n=1))
+    # A claiming worker reads the event's tokens as published (so it does not ask for the prompt again).
+    assert read_resume([(b"0-1", {b"event": raw})]).prior_lists(1) == [[5]]

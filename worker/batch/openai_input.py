@@ -12,6 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from worker.batch.openai_echo import Echo, EchoError, take_echo
+
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 
 # Same name and meaning in the body and in a job.
@@ -51,6 +53,7 @@ class BatchRequest:
     url: str
     job: dict  # ready to enqueue (worker.client.enqueue)
     model: str  # echoed in the response body
+    echo: Echo | None = None  # a completions line's echo / prompt_logprobs (worker/batch/openai_echo.py)
 
 
 def parse_custom_id(line: str) -> str | None:
@@ -85,16 +88,23 @@ def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
         raise LineError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
     if not isinstance(body, dict):
         raise LineError("invalid_request", "body must be a JSON object")
-    job, model = job_from_body(url, body, job_id or job_id_for(line))
-    return BatchRequest(custom_id, url, job, model or "conveyor")
+    job, model, echo = completion_job(url, body, job_id or job_id_for(line))
+    return BatchRequest(custom_id, url, job, model or "conveyor", echo)
 
 
 def job_from_body(url: str, body: dict, job_id: str) -> tuple[dict, str | None]:
     """A chat or completions request body (OpenAI's fields) -> (job, the body's model). Raises LineError for
     a field that cannot be honoured, naming it. Shared by the Batch API and the HTTP gateway (which takes
     `stream` and `stream_options` out of the body before)."""
+    job, model, _ = completion_job(url, body, job_id)
+    return job, model
+
+
+def completion_job(url: str, body: dict, job_id: str) -> tuple[dict, str | None, Echo | None]:
+    """job_from_body, and what a completions body's `echo` / `prompt_logprobs` ask of the answer."""
     body = dict(body)
     job: dict = {"id": job_id}
+    echo = None
     if url == CHAT_URL:
         job["messages"] = _messages(body.pop("messages", None))
         _tokens_limit(body, job, "max_completion_tokens", "max_tokens")
@@ -108,6 +118,10 @@ def job_from_body(url: str, body: dict, job_id: str) -> tuple[dict, str | None]:
         best_of = body.pop("best_of", None)
         if best_of is not None and best_of != body.get("n", 1):
             raise LineError("unsupported_field", "best_of other than n is not supported")
+        try:
+            echo = take_echo(body, job)
+        except EchoError as exc:
+            raise LineError("invalid_request", str(exc)) from None
     if "response_format" in body:
         job["response_format"] = body.pop("response_format")
     for name in _SHARED:
@@ -121,7 +135,7 @@ def job_from_body(url: str, body: dict, job_id: str) -> tuple[dict, str | None]:
             raise LineError("unsupported_field", f"{name} is not supported")
     if body:
         raise LineError("unsupported_field", f"fields not supported: {', '.join(sorted(body))}")
-    return job, model if isinstance(model, str) else None
+    return job, model if isinstance(model, str) else None, echo
 
 
 def _tokens_limit(body: dict, job: dict, *names: str) -> None:

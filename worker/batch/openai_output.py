@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from worker.batch.openai_echo import Echo, PromptScores, echo_choice
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 from worker.error_codes import http_status
@@ -40,9 +41,12 @@ def from_event(
     job_id: str,
     event: dict,
     logprobs: dict[int, SampleLogprobs] | None = None,
+    echo: Echo | None = None,
+    prompt: PromptScores | None = None,
 ) -> tuple[str, bool, int]:
     """(output line, succeeded, completion tokens) for the job's terminal event. `logprobs` (per sample,
-    gathered from the token events) when the line asked for them."""
+    gathered from the token events) when the line asked for them; `echo` and the prompt's scores (from the
+    token events) for a completions line with echo or prompt_logprobs."""
     if event.get("type") == "error":
         code = str(event.get("code", "internal_error"))
         status, type_ = http_status(code)
@@ -63,15 +67,22 @@ def from_event(
             False,
             0,
         )
-    body = response_body(url, model, job_id, event, logprobs)
+    body = response_body(url, model, job_id, event, logprobs, echo, prompt)
     completion = body["usage"]["completion_tokens"]
     return _line(custom_id, {"status_code": 200, "request_id": job_id, "body": body}, None), True, completion
 
 
 def response_body(
-    url: str, model: str, job_id: str, event: dict, logprobs: dict[int, SampleLogprobs] | None = None
+    url: str,
+    model: str,
+    job_id: str,
+    event: dict,
+    logprobs: dict[int, SampleLogprobs] | None = None,
+    echo: Echo | None = None,
+    scores: PromptScores | None = None,
 ) -> dict[str, Any]:
-    """A done event as OpenAI's `chat.completion` or `text_completion` body (the gateway's answer too)."""
+    """A done event as OpenAI's `chat.completion` or `text_completion` body (the gateway's answer too).
+    `echo`: a completions body's echo / prompt_logprobs, with the prompt's scores (worker/batch/openai_echo.py)."""
     texts = event.get("texts") or [event.get("text", "")]
     reasons = event.get("finish_reasons") or [event.get("finish_reason", "stop")]
     usage = event.get("usage", {})
@@ -87,7 +98,10 @@ def response_body(
             message = {"role": "assistant", "content": text}
             choices.append({"index": k, "message": message, "finish_reason": reason, "logprobs": shown})
         else:
-            choices.append({"index": k, "text": text, "finish_reason": reason, "logprobs": shown})
+            choice = {"index": k, "text": text, "finish_reason": reason, "logprobs": shown}
+            choices.append(choice if echo is None else echo_choice(echo, choice, scores))
+    if echo is not None and echo.only:
+        completion = 0  # the one token generated to score the prompt is not shown
     return {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{job_id}",
         "object": "chat.completion" if chat else "text_completion",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from worker.batch.file_sink import FileSink
+from worker.batch.openai_echo import PromptScores
 from worker.batch.openai_input import BatchRequest, LineError, job_id_for, parse_custom_id, parse_line
 from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import from_event, line_error
@@ -42,6 +43,8 @@ class _InFlight:
     cursor: Cursor
     # Per sample, when the line asked for logprobs: gathered from the token events (the done event has none).
     logprobs: dict[int, SampleLogprobs] | None = None
+    # The prompt's logprobs, when the line asked (echo, prompt_logprobs): from the first token event.
+    prompt: PromptScores | None = None
 
 
 @dataclass(frozen=True)
@@ -208,10 +211,19 @@ class BatchRunner:
                 event = json.loads(fields[EVENT_FIELD])
                 if event.get("type") == "token" and pending.logprobs is not None:
                     pending.logprobs.setdefault(event.get("sample", 0), SampleLogprobs()).add(event)
+                if event.get("type") == "token" and "prompt_logprobs" in event:
+                    pending.prompt = PromptScores.of(event)
                 if event.get("type") in ("done", "error"):
                     r = pending.request
                     line, ok, tokens = from_event(
-                        r.custom_id, r.url, r.model, r.job["id"], event, pending.logprobs
+                        r.custom_id,
+                        r.url,
+                        r.model,
+                        r.job["id"],
+                        event,
+                        pending.logprobs,
+                        r.echo,
+                        pending.prompt,
                     )
                     self._write(r.custom_id, line, ok, tokens)
                     del inflight[key]

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from worker.batch.openai_echo import Echo, PromptScores, echoed_text
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 from worker.gateway.errors import APIError, from_worker, timed_out
@@ -38,11 +39,15 @@ class ChunkWriter:
     include_usage: bool
     timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
+    # A completions body's echo / prompt_logprobs (worker/batch/openai_echo.py): the prompt goes out first,
+    # at the opening (a text prompt echoed without logprobs) or with the event carrying its logprobs.
+    echo: Echo | None = None
 
     def __post_init__(self) -> None:
         # Per sample, the length of the token pieces shown so far: a completion chunk's text_offset
         # counts from the start of the sample's text, as the answer sent whole does.
         self._offsets: dict[int, int] = {}
+        self._echoed = False  # the prompt went out (echo / prompt_logprobs): once
         # The chunks that differ per event, cut where what differs goes: a token's (its sample's index,
         # its text, its logprobs), a choice's last one (its index, its finish reason) and the usage.
         self._token = sse_template(self._payload([self._choice(hole(0), hole(1), None, hole(2))]), 3)
@@ -79,7 +84,8 @@ class ChunkWriter:
 
     def opening(self) -> list[bytes]:
         if not self.chat:
-            return []
+            echo = self.echo
+            return self._echo(None) if echo is not None and echo.echo and not echo.needs_scores else []
         return [
             self._chunk(
                 [
@@ -94,7 +100,40 @@ class ChunkWriter:
             for k in range(self.n)
         ]
 
+    def _echo(self, scores: PromptScores | None) -> list[bytes]:
+        """Per choice, a chunk with the echoed prompt (its text, and its logprobs when asked) and/or vLLM's
+        prompt_logprobs; later text offsets count from the end of the echoed prompt."""
+        echo = self.echo
+        assert echo is not None
+        self._echoed = True
+        text = echoed_text(echo, scores) if echo.echo else ""
+        shown = None
+        if echo.echo and echo.logprobs is not None and scores is not None:
+            shown = scores.completion_logprobs(echo.logprobs)
+        out = []
+        for k in range(self.n):
+            choice = self._choice(k, text, None, shown)
+            if echo.vllm:
+                choice["prompt_logprobs"] = scores.vllm() if scores is not None else None
+            self._offsets[k] = len(text)
+            out.append(self._chunk([choice]))
+        return out
+
     def token(self, event: dict) -> bytes | None:
+        if self.echo is not None and not self.chat:
+            return self._echo_token(event, self.echo)
+        return self._token_chunk(event)
+
+    def _echo_token(self, event: dict, echo: Echo) -> bytes | None:
+        """A token event of a job with echo or prompt_logprobs: the prompt's chunks with the event carrying
+        its scores; with max_tokens 0 nothing of the generated token."""
+        scored = "prompt_logprobs" in event and not self._echoed
+        first = b"".join(self._echo(PromptScores.of(event))) if scored else b""
+        if echo.only:
+            return first or None
+        return first + (self._token_chunk(event) or b"") or None
+
+    def _token_chunk(self, event: dict) -> bytes | None:
         k, shown = event.get("sample") or 0, b"null"
         if event.get("logprobs") is not None:
             sample = SampleLogprobs()
@@ -138,6 +177,9 @@ class ChunkWriter:
                 else APIError(500, f"the job was stopped ({why or 'aborted'})", type="server_error", code=why)
             )
             return [self.error(error)]
+        if self.echo is not None and self.echo.only and not self.chat:
+            reasons = ["length"] * len(reasons)  # the prompt scored, nothing generated shown
+            done = {**done, "usage": {**done["usage"], "completion_tokens": 0}}
         head, after_index, tail = self._finish
         out = [
             b"".join((head, b"%d" % k, after_index, json_bytes(why), tail)) for k, why in enumerate(reasons)

@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from worker.affinity_key import with_affinity
-from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL, LineError, job_from_body
+from worker.batch.openai_echo import Echo, prompt_scores
+from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL, LineError, completion_job
 from worker.batch.openai_logprobs import SampleLogprobs
 from worker.batch.openai_output import response_body
 from worker.gateway import job_io
@@ -80,7 +81,7 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         raise invalid("model is required", param="model")
     job_id = job_id_for(request, tenant)
     try:
-        job, _ = job_from_body(url, body, job_id)
+        job, _, echo = completion_job(url, body, job_id)
     except LineError as exc:
         raise invalid(exc.message, code=exc.code) from None
     if tenant is not None:
@@ -110,12 +111,13 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     events, headers = request.app.state.hub, {"x-request-id": job_id}
     if stream:
         include_usage = bool((options or {}).get("include_usage"))
-        writer = ChunkWriter(url, job_id, model, job.get("n") or 1, include_usage, settings.request_timeout_s)
+        n = job.get("n") or 1
+        writer = ChunkWriter(url, job_id, model, n, include_usage, settings.request_timeout_s, echo=echo)
         return EventStream(writer, events, job_keys, deadline, headers, cancel)
     batches = events.follow(job_keys, job_id, deadline)
     try:
         found = await unless_disconnected(request.receive, _rest(batches))
-        answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)
+        answer = _answer(url, model, job_id, job, found, settings.request_timeout_s, echo)
     except TimeoutError:
         await cancel()
         late = timed_out(settings.request_timeout_s)
@@ -136,7 +138,9 @@ async def _rest(batches) -> list[dict]:
     return [event async for batch in batches for event in batch]
 
 
-def _answer(url: str, model: str, job_id: str, job: dict, events: list[dict], timeout_s: float) -> dict:
+def _answer(
+    url: str, model: str, job_id: str, job: dict, events: list[dict], timeout_s: float, echo: Echo | None
+) -> dict:
     end = events[-1]
     if end["type"] == "error":
         raise from_worker(end["code"], end["message"])
@@ -151,7 +155,8 @@ def _answer(url: str, model: str, job_id: str, job: dict, events: list[dict], ti
         logprobs = {}
         for event in events[:-1]:
             logprobs.setdefault(event.get("sample") or 0, SampleLogprobs()).add(event)
-    return response_body(url, model, job_id, end, logprobs)
+    prompt = prompt_scores(events) if echo is not None else None
+    return response_body(url, model, job_id, end, logprobs, echo, prompt)
 
 
 async def _missing(request: Request, model: str) -> APIError:

@@ -25,6 +25,11 @@ def token_event(delta, n: int) -> bytes:
         event["logprobs"] = [[list(pair) for pair in per_token] for per_token in delta.logprobs]
         if delta.logprob_tokens is not None:
             event["logprob_tokens"] = delta.logprob_tokens
+    if delta.prompt_logprobs is not None:  # once per job: on sample 0's first event, written with it
+        event["prompt_logprobs"] = [
+            None if entry is None else [list(pair) for pair in entry] for entry in delta.prompt_logprobs
+        ]
+        event["prompt_logprob_tokens"] = delta.prompt_logprob_tokens
     return _dump(event)
 
 

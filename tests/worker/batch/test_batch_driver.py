@@ -44,9 +44,11 @@ def _line(custom_id: str, max_tokens: int = 4) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
 
 
-def _submit(r, lines: list[str], window: str = "24h", tenant: str = "t1") -> str:
+def _submit(
+    r, lines: list[str], window: str = "24h", tenant: str = "t1", url: str = "/v1/chat/completions"
+) -> str:
     f = FileStore(r, K).create(tenant, "in.jsonl", "batch", ("\n".join(lines) + "\n").encode())
-    return BatchStore(r, K).create(tenant, f.id, "/v1/chat/completions", window).id
+    return BatchStore(r, K).create(tenant, f.id, url, window).id
 
 
 def _wait_final(r, batch_id: str, timeout_s: float = 120, tenant: str = "t1"):
@@ -93,6 +95,28 @@ def test_a_batch_runs_to_completed(r, redis_server, engine):
         K.batch(batch_id, "answered"), K.batch(batch_id, "output"), K.batch(batch_id, "lease")
     )
     assert not r.sismember(K.batches_open, batch_id)
+
+
+def test_completions_lines_with_echo_score_their_prompt(r, redis_server, engine):
+    """echo + logprobs + max_tokens 0 (worker/batch/openai_echo.py): the prompt's text and logprobs only."""
+    prompt = [5, 17, 42, 9, 77]
+    body = {"model": "tiny", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0}
+    line = json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": body})
+    batch_id = _submit(r, [line], url="/v1/completions")
+    pool = make_pool(redis_server.url, "replica-e", lease_ms=3000, max_in_flight=4)
+    with running_worker(engine, redis_server.url):
+        pool.start()
+        try:
+            b = _wait_final(r, batch_id)
+        finally:
+            pool.stop()
+    (out,) = _file_lines(r, b.output_file_id)
+    answer = out["response"]["body"]
+    choice = answer["choices"][0]
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == len(prompt) and choice["text"] == "".join(logprobs["tokens"])
+    assert logprobs["token_logprobs"][0] is None and all(lp < 0 for lp in logprobs["token_logprobs"][1:])
+    assert choice["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 0
 
 
 def test_killed_replica_is_taken_over_each_custom_id_once(r, redis_server, engine, tmp_path):
