@@ -228,7 +228,7 @@ class BatchRunner:
 
 
 def _lines(path: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte order mark is not part of line 1
         for line in f:
             if line.strip():
                 yield line

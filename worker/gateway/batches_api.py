@@ -80,7 +80,8 @@ def cancel(request: Request, batch_id: str, tenant: str | None = Depends(tenant_
     found = batch_api_of(request).batches.cancel(owner(tenant), batch_id)
     if found is None:
         raise not_found(batch_id)
-    if found.status not in CANCELLABLE_STATUSES | {"cancelling", "cancelled"}:
+    # Cancelling again while cancelling is the same request; a final batch (cancelled too) is 409.
+    if found.status not in CANCELLABLE_STATUSES | {"cancelling"}:
         raise APIError(
             409, f"batch {batch_id} is {found.status}: it cannot be cancelled", code="batch_not_cancellable"
         )

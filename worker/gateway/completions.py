@@ -32,6 +32,7 @@ from worker.gateway.sse import EventStream
 from worker.gateway.state import keys_of, redis_of, settings_of
 from worker.keys import requests_stream_name
 from worker.protocol import JOB_ID_PATTERN, Job
+from worker.strict_json import JSONRefused, loads_strict
 
 router = APIRouter()
 log = structlog.get_logger("conveyor.gateway")
@@ -59,9 +60,9 @@ def job_id_for(request: Request, tenant: str | None) -> str:
 
 async def read_body(request: Request) -> dict[str, Any]:
     try:
-        body = job_io.parse_json(await request.body())
-    except ValueError as exc:
-        raise invalid(f"the body is not JSON: {exc}") from None
+        body = loads_strict(await request.body())
+    except JSONRefused as exc:
+        raise invalid(f"the body: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid("the body must be a JSON object")
     return body
@@ -102,12 +103,17 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     )
     job_keys = job_io.keys_of_stream(keys, stream_name)
 
+    events, headers = request.app.state.hub, {"x-request-id": job_id}
+
     async def cancel() -> None:
+        """Called once this request no longer follows the job; another with the same X-Request-Id may."""
+        if events.followed(job_keys, job_id):
+            log.info("answer abandoned: job kept for another request", request_id=job_id)
+            return
         log.info("answer abandoned: job cancelled", request_id=job_id)
         await job_io.cancel(client, job_keys, job_id, sharded=settings.cluster)
 
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
-    events, headers = request.app.state.hub, {"x-request-id": job_id}
     if stream:
         include_usage = bool((options or {}).get("include_usage"))
         writer = ChunkWriter(url, job_id, model, job.get("n") or 1, include_usage, settings.request_timeout_s)
@@ -117,11 +123,13 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         found = await unless_disconnected(request.receive, _rest(batches))
         answer = _answer(url, model, job_id, job, found, settings.request_timeout_s)
     except TimeoutError:
+        await batches.aclose()  # before cancel(), which asks whether another request follows the job
         await cancel()
         late = timed_out(settings.request_timeout_s)
         late.headers.update(headers)
         raise late from None
     except ClientLeft:
+        await batches.aclose()
         await cancel()
         return Response(status_code=499)  # nobody reads it
     except APIError as exc:

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker.gateway.own_reads import OwnReads
-from worker.gateway.stream_hub import StreamHub
+from worker.gateway.stream_hub import StreamHub, _Listener
 from worker.keys import EVENT_FIELD, Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -59,7 +59,7 @@ def test_events_come_in_the_batches_read_and_end_at_the_terminal_one(redis_serve
         await _add(client, keys, "j1", [_token(4), done, _token(5)])
         assert [batch async for batch in batches] == [[_token(4), done]]
         if kind == "hub":
-            assert not hub._sinks and not hub._last  # the request is forgotten
+            assert not hub._streams  # the request is forgotten
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
 
@@ -74,7 +74,7 @@ def test_a_request_with_no_events_times_out_at_its_deadline(redis_server, kind):
             await anext(batches)
         assert loop.time() - started >= 0.3 - 0.01  # not before (the timer is the loop's own clock)
         if kind == "hub":
-            assert not hub._sinks and not hub._last
+            assert not hub._streams
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
 
@@ -198,7 +198,7 @@ def test_an_entry_that_is_not_an_event_ends_its_answer_as_an_error_and_the_other
 def _stops(hub: StreamHub, stop) -> bool:
     async def body() -> bool:
         reader = asyncio.create_task(hub.run())
-        hub._last[b"some:out:stream"] = b"0"  # a request is followed: the reader blocks in XREAD
+        hub._streams[b"some:out:stream"] = [_Listener(print)]  # followed: the reader blocks in XREAD
         hub._joined.set()
         await asyncio.sleep(0.05)
         stop(reader)
@@ -249,7 +249,7 @@ def test_one_cancel_stops_the_reader_on_a_real_redis(redis_server):
         try:
             for _ in range(200):
                 hub = StreamHub(client, Keys(prefix=f"hubtest-{uuid.uuid4().hex}"), block_ms=50)
-                hub._last[b"quiet:out:stream"], hub._joined = b"0", asyncio.Event()
+                hub._streams[b"quiet:out:stream"], hub._joined = [_Listener(print)], asyncio.Event()
                 hub._joined.set()
                 reader = asyncio.create_task(hub.run())
                 await asyncio.sleep(rng.uniform(0.0, 0.06))
@@ -271,7 +271,8 @@ def test_a_sink_takes_each_read_in_order_and_one_that_fails_stops_only_its_own(r
             got["bad"].append(batch)
             raise RuntimeError("this answer broke")
 
-        await hub.attach(keys, "ok", got["ok"].append)
+        ok = got["ok"].append
+        await hub.attach(keys, "ok", ok)
         await hub.attach(keys, "bad", failing)
         await _add(client, keys, "ok", [_token(0), _token(1)])
         await _add(client, keys, "bad", [_token(0)])
@@ -287,7 +288,7 @@ def test_a_sink_takes_each_read_in_order_and_one_that_fails_stops_only_its_own(r
         assert got["ok"][0] == [_token(0), _token(1)]  # one read, one batch
         await asyncio.sleep(0.3)
         assert got["bad"] == [[_token(0)]]
-        hub.detach(keys, "ok")
-        hub.detach(keys, "bad")
+        hub.detach(keys, "ok", ok)
+        hub.detach(keys, "bad", failing)
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
