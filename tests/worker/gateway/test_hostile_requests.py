@@ -207,3 +207,30 @@ def test_openais_roles_are_taken_and_developer_is_given_as_system(gateway, model
         model.emit("all-roles", done("x"))
         assert answer.result(timeout=30).status_code == 200
     assert [m["role"] for m in job["messages"]] == ["system", "system", "user", "assistant", "tool", "user"]
+
+
+class _BrokenReads:
+    """Stands in for the hub's Redis client: its XREAD fails as no Redis reply can make it fail."""
+
+    async def xread(self, *args, **kwargs):
+        raise RuntimeError("the reader breaks")
+
+
+def test_a_gateway_whose_stream_hub_stopped_fails_health_and_answers_500_at_once(redis_server, model):
+    from fastapi.testclient import TestClient
+
+    from worker.gateway.app import create_app
+    from worker.gateway.settings import GatewaySettings
+
+    app = create_app(GatewaySettings(redis_url=redis_server.url, request_timeout_s=60))
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 200
+        app.state.hub.client = _BrokenReads()  # the requests' own client (their XADDs) stays as it was
+        started = time.monotonic()
+        answer = http.post("/v1/chat/completions", json=_body(model))
+        assert answer.status_code == 500 and answer.json()["error"]["code"] == "internal_error"
+        assert time.monotonic() - started < 10  # not at the request's timeout
+        health = http.get("/health")
+        assert health.status_code == 503 and "stream_hub" in health.json()
+        again = http.post("/v1/chat/completions", json=_body(model))
+        assert again.status_code == 500

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker.gateway.own_reads import OwnReads
-from worker.gateway.stream_hub import StreamHub, _Listener
+from worker.gateway.stream_hub import HUB_STOPPED, StreamHub, _Listener
 from worker.keys import EVENT_FIELD, Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -166,7 +166,9 @@ def test_requests_take_their_events_before_the_next_reply_is_read():
 
 
 @pytest.mark.parametrize(
-    "raw", [b'{"type": "tok', b"5", b'{"index": 0}'], ids=["not-json", "no-dict", "no-type"]
+    "raw",
+    [b'{"type": "tok', b"5", b'{"index": 0}', b"[" * 5000 + b"]" * 5000],
+    ids=["not-json", "no-dict", "no-type", "5000-deep"],
 )
 def test_an_entry_that_is_not_an_event_ends_its_answer_as_an_error_and_the_others_go_on(raw):
     keys = Keys(prefix="hubtest")
@@ -292,3 +294,53 @@ def test_a_sink_takes_each_read_in_order_and_one_that_fails_stops_only_its_own(r
         hub.detach(keys, "bad", failing)
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
+
+
+@pytest.mark.parametrize("kind", ["hub", "one-per-request"])
+def test_two_requests_following_one_stream_each_get_every_event(redis_server, kind):
+    """One X-Request-Id sent again while its first request is answered: the second request gets the
+    events from the first one on, the first is not handed any twice, and one leaving leaves the other."""
+
+    async def body(client, keys, hub) -> None:
+        done = {"type": "done", "finish_reason": "length", "usage": {}}
+        deadline = asyncio.get_running_loop().time() + 30
+        first = hub.follow(keys, "j", deadline)
+        await _add(client, keys, "j", [_token(0)])
+        assert await anext(first) == [_token(0)]
+        second = hub.follow(keys, "j", deadline)
+        assert await anext(second) == [_token(0)]
+        third = hub.follow(keys, "j", deadline)
+        assert await anext(third) == [_token(0)]
+        await third.aclose()  # leaves: the others go on
+        await _add(client, keys, "j", [_token(1)])
+        assert await anext(first) == [_token(1)]
+        assert await anext(second) == [_token(1)]
+        await _add(client, keys, "j", [done])
+        assert [batch async for batch in first] == [[done]]
+        assert [batch async for batch in second] == [[done]]
+        if kind == "hub":
+            assert not hub._streams
+
+    asyncio.run(_with_hub(redis_server.url, body, kind))
+
+
+class _Refused(Scripted):
+    async def xread(self, streams: dict, block: int, count: int) -> list:
+        raise RuntimeError("the reader breaks")
+
+
+def test_a_reader_that_stops_ends_every_answer_at_once_and_refuses_newcomers():
+    keys = Keys(prefix="hubtest")
+
+    async def body() -> None:
+        hub = StreamHub(_Refused([]), keys, block_ms=50)
+        reader = asyncio.create_task(hub.run())
+        deadline = asyncio.get_running_loop().time() + 10
+        waiting = [batch async for batch in hub.follow(keys, "j1", deadline)]
+        assert waiting == [[HUB_STOPPED]]
+        with pytest.raises(RuntimeError):
+            await reader
+        later = [batch async for batch in hub.follow(keys, "j2", deadline)]
+        assert later == [[HUB_STOPPED]] and not hub._streams
+
+    asyncio.run(body())
