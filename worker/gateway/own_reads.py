@@ -21,9 +21,18 @@ class OwnReads:
         # (output stream, sink) -> the task handing its events out: one per request, several for a stream
         # whose X-Request-Id was sent again while its first request is answered.
         self._readers: dict[tuple[str, Sink], asyncio.Task] = {}
+        self._following: dict[str, int] = {}  # output stream -> requests reading it through `follow`
 
-    def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
-        return job_io.follow(self.client, keys, job_id, self.block_ms, deadline)
+    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
+        key = keys.out(job_id)
+        self._following[key] = self._following.get(key, 0) + 1
+        try:
+            async for batch in job_io.follow(self.client, keys, job_id, self.block_ms, deadline):
+                yield batch
+        finally:
+            self._following[key] -= 1
+            if not self._following[key]:
+                del self._following[key]
 
     async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None:
         """`sink(events)` with each batch of the job's events, from a task of the request's own; until
@@ -37,7 +46,7 @@ class OwnReads:
 
     def followed(self, keys: Keys, job_id: str) -> bool:
         key = keys.out(job_id)
-        return any(stream == key for stream, _ in self._readers)
+        return key in self._following or any(stream == key for stream, _ in self._readers)
 
     def close(self) -> None:
         for reader in self._readers.values():

@@ -185,9 +185,9 @@ class StreamHub:
                     continue
                 listener.last = new[-1][0]
                 handed = True
-                if _give(listener, until_terminal(new)):
+                if _give(listener, until_terminal(new)) and listener in listeners:  # (not detached by it)
                     listeners.remove(listener)
-            if not listeners:
+            if not listeners and self._streams.get(key) is listeners:
                 del self._streams[key]
         return handed
 

@@ -344,3 +344,26 @@ def test_a_reader_that_stops_ends_every_answer_at_once_and_refuses_newcomers():
         assert later == [[HUB_STOPPED]] and not hub._streams
 
     asyncio.run(body())
+
+
+def test_a_sink_that_detaches_itself_on_its_last_batch_does_not_stop_the_reader():
+    keys = Keys(prefix="hubtest")
+    done = {"type": "done", "finish_reason": "length", "usage": {}}
+    one, two = keys.out("one").encode(), keys.out("two").encode()
+    client = Scripted([[[one, _entries([done])]], [[two, _entries([_token(0), done])]]])
+
+    async def body() -> list:
+        hub = StreamHub(client, keys, block_ms=50)
+        reader = asyncio.create_task(hub.run())
+
+        def leaving(batch: list[dict]) -> None:
+            hub.detach(keys, "one", leaving)
+
+        await hub.attach(keys, "one", leaving)
+        got = [batch async for batch in hub.follow(keys, "two", asyncio.get_running_loop().time() + 5)]
+        assert not reader.done()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        return got
+
+    assert asyncio.run(body()) == [[_token(0), done]]
