@@ -112,3 +112,16 @@ def test_the_lines_an_expiry_cuts_are_batch_expired(sdk, model):
     assert set(errors) == {"exp-running", "exp-queued", "exp-silent"}
     for line in errors.values():
         assert line["response"] is None and line["error"]["code"] == "batch_expired", line
+
+
+def test_a_poisoned_output_stream_fails_its_line_and_the_batch_goes_on(sdk, model):
+    batch = _start(sdk, _lines(model, "poison", "fine"))
+    jobs = _jobs_of(model, batch.id, 2)
+    model.emit_raw(jobs["poison"], b"[" * 5000 + b"]" * 5000)
+    model.emit(jobs["fine"], done("ok"))
+    ended = _final(sdk, batch.id)
+    assert ended.status == "completed"
+    assert set(_file(sdk, ended.output_file_id)) == {"fine"}
+    (poisoned,) = _file(sdk, ended.error_file_id).values()
+    assert poisoned["response"]["status_code"] == 500
+    assert poisoned["response"]["body"]["error"]["code"] == "internal_error"
