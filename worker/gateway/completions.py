@@ -12,7 +12,6 @@ import asyncio
 import re
 import time
 import uuid
-from typing import Any
 
 import structlog
 from fastapi import APIRouter, Depends, Request
@@ -28,11 +27,11 @@ from worker.gateway.auth import tenant_of
 from worker.gateway.chunks import ChunkWriter
 from worker.gateway.disconnect import ClientLeft, unless_disconnected
 from worker.gateway.errors import APIError, from_worker, invalid, model_not_found, no_worker, timed_out
+from worker.gateway.json_body import read_body
 from worker.gateway.sse import EventStream
 from worker.gateway.state import keys_of, redis_of, settings_of
 from worker.keys import requests_stream_name
 from worker.protocol import JOB_ID_PATTERN, Job
-from worker.strict_json import JSONRefused, loads_strict
 
 router = APIRouter()
 log = structlog.get_logger("conveyor.gateway")
@@ -56,16 +55,6 @@ def job_id_for(request: Request, tenant: str | None) -> str:
     if given and re.match(JOB_ID_PATTERN, job_id := f"{tenant}:{given}" if tenant else given):
         return job_id
     return uuid.uuid4().hex
-
-
-async def read_body(request: Request) -> dict[str, Any]:
-    try:
-        body = loads_strict(await request.body())
-    except JSONRefused as exc:
-        raise invalid(f"the body: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid("the body must be a JSON object")
-    return body
 
 
 async def complete(request: Request, url: str, tenant: str | None) -> Response:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -125,3 +126,16 @@ def test_a_poisoned_output_stream_fails_its_line_and_the_batch_goes_on(sdk, mode
     (poisoned,) = _file(sdk, ended.error_file_id).values()
     assert poisoned["response"]["status_code"] == 500
     assert poisoned["response"]["body"]["error"]["code"] == "internal_error"
+
+
+def test_a_hostile_batch_create_body_is_a_400(gateway, sdk, model):
+    url = f"{gateway.base_url}/batches"
+    upload = sdk.files.create(file=("in.jsonl", io.BytesIO(_lines(model, "x"))), purpose="batch")
+    nested = b'{"input_file_id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    twice = b'{"input_file_id": "%s", "input_file_id": "file-x", "endpoint": "/v1/chat/completions"}'
+    for body in (nested, twice % upload.id.encode()):
+        answer = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=20)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "invalid_json"
+    wrong = httpx.post(url, json={"input_file_id": upload.id, "endpoint": 5}, timeout=20)
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "endpoint"
