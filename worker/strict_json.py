@@ -18,7 +18,8 @@ from typing import Any
 # in response_format a few more); a worker's event 3.
 MAX_JSON_DEPTH = 64
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # a JSON string: its brackets do not nest
+# A JSON string (its brackets do not nest), written as an unrolled loop: ~30x faster than (?:[^"\\]|\\.)*
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _OPEN, _CLOSE = b"[{", b"]}"
 _NOT_BRACKET = bytes(b for b in range(256) if b not in _OPEN + _CLOSE)
 _STEP = bytes.maketrans(_OPEN + _CLOSE, b"\x02\x02\x00\x00")  # +1 / -1, offset by one
@@ -70,11 +71,13 @@ def loads_strict(raw: bytes) -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    obj: dict = {}
-    for key, value in pairs:
-        if key in obj:
-            raise JSONRefused(f"duplicate key {key[:64]!r}")
-        obj[key] = value
+    obj = dict(pairs)  # in C: the loop below runs only for an object that has a key twice
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JSONRefused(f"duplicate key {key[:64]!r}")
+            seen.add(key)
     return obj
 
 
