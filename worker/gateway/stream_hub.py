@@ -7,7 +7,13 @@ note to this process's own wake stream, which every XREAD includes: the blocked 
 the next one includes the newcomer. One note per read: those joining after it (64 requests arriving
 together) ride on it, and a request joining between reads needs none. Each stream is read from the last
 id handed out, so a lost connection or a worker's takeover loses and repeats nothing (as job_io.follow,
-which cluster mode uses instead, through own_reads.py: a multi-key XREAD must stay in one slot).
+which cluster mode uses instead, through own_reads.py: a multi-key XREAD must stay in one slot). Several
+requests may follow one stream (one X-Request-Id sent again while the first is answered): the stream is
+read from the earliest of their last ids, and each is handed only the entries after its own.
+
+Nothing an entry holds may stop the reader (it serves every stream of the process): an entry that is not
+an event ends its own answer (job_io.until_terminal), a sink that raises ends its own. Should the reader
+stop all the same, every request gets HUB_STOPPED and /health fails.
 
 A streamed answer attaches a sink, called in the reader's own pass with each batch of its stream's
 events: it writes its chunks there (worker/gateway/sse.py), so one reply's 50 streams cost one pass, not
@@ -179,8 +185,7 @@ class StreamHub:
             if not listeners:  # its requests ended meanwhile
                 continue
             for listener in list(listeners):
-                # Read from the earliest listener's last id: a later one skips what it was handed.
-                new = entries if len(listeners) == 1 else _after(entries, listener.last)
+                new = _after(entries, listener.last)  # read from its listeners' earliest last id
                 if not new:
                     continue
                 listener.last = new[-1][0]
@@ -209,7 +214,10 @@ def _order(entry_id: bytes) -> tuple[int, int]:
 
 
 def _after(entries: list, last: bytes) -> list:
+    """The entries after id `last` (entries are in id order: most often all of them, told by the first)."""
     floor = _order(last)
+    if _order(entries[0][0]) > floor:
+        return entries
     return [entry for entry in entries if _order(entry[0]) > floor]
 
 

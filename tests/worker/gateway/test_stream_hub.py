@@ -6,6 +6,7 @@ and TimeoutError at the deadline."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import uuid
@@ -141,8 +142,11 @@ class Scripted:
         return []
 
 
+_IDS = itertools.count(1)  # entry ids grow from one scripted reply to the next, as a stream's do
+
+
 def _entries(events: list[dict]) -> list:
-    return [(f"0-{k + 1}".encode(), {EVENT_FIELD: json.dumps(e).encode()}) for k, e in enumerate(events)]
+    return [(f"0-{next(_IDS)}".encode(), {EVENT_FIELD: json.dumps(e).encode()}) for e in events]
 
 
 def test_requests_take_their_events_before_the_next_reply_is_read():
@@ -367,3 +371,18 @@ def test_a_sink_that_detaches_itself_on_its_last_batch_does_not_stop_the_reader(
         return got
 
     assert asyncio.run(body()) == [[_token(0), done]]
+
+
+def test_the_earlier_of_two_followers_leaving_mid_read_repeats_nothing_to_the_other():
+    """The stream was read from the newcomer's id (0); the newcomer leaves before the reply is handed out:
+    the first follower is handed only the entries after its own last one."""
+    keys = Keys(prefix="hubtest")
+    out = keys.out("j").encode()
+    hub = StreamHub(Scripted([]), keys, block_ms=50)
+    got: list[list[dict]] = []
+    entries = _entries([_token(0), _token(1), _token(2)])
+    first, newcomer = _Listener(got.append, last=entries[1][0]), _Listener(print)
+    hub._streams[out] = [first, newcomer]
+    hub._streams[out].remove(newcomer)  # it left while the XREAD from 0 was in flight
+    hub._hand_out([[out, entries]])
+    assert got == [[_token(2)]]
