@@ -71,6 +71,7 @@ class StreamHub:
         self._joined = asyncio.Event()
         self._closed = False
         self._stopped = False  # the reader ended on an error: nobody hands events out
+        self._read_from: dict[bytes, bytes] = {}  # the id each stream of the last XREAD was read from
 
     async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None:
         """From the next read on, `sink(events)` with each batch of the job's events, in order, from its
@@ -154,9 +155,11 @@ class StreamHub:
                 self._joined.clear()
                 await self._joined.wait()
                 continue  # closed meanwhile, or someone joined
-            streams: dict[Any, bytes] = {self.wake_key: self._wake_last}
-            for key, listeners in self._streams.items():
-                streams[key] = min((listener.last for listener in listeners), key=_order)
+            self._read_from = {
+                key: min((listener.last for listener in listeners), key=_order)
+                for key, listeners in self._streams.items()
+            }
+            streams: dict[Any, bytes] = {self.wake_key: self._wake_last, **self._read_from}
             self._reading, self._woken = True, False
             try:
                 reply: Any = await self.client.xread(streams, block=self.block_ms, count=1000)
@@ -184,7 +187,10 @@ class StreamHub:
             listeners = self._streams.get(key)
             if not listeners:  # its requests ended meanwhile
                 continue
+            start = _order(self._read_from.get(key, b"0"))
             for listener in list(listeners):
+                if _order(listener.last) < start:  # joined during the read: the next one starts at its id
+                    continue
                 new = _after(entries, listener.last)  # read from its listeners' earliest last id
                 if not new:
                     continue

@@ -386,3 +386,23 @@ def test_the_earlier_of_two_followers_leaving_mid_read_repeats_nothing_to_the_ot
     hub._streams[out].remove(newcomer)  # it left while the XREAD from 0 was in flight
     hub._hand_out([[out, entries]])
     assert got == [[_token(2)]]
+
+
+def test_a_follower_joining_during_a_read_is_handed_nothing_from_it_and_all_from_the_next():
+    """The read in flight started at the first follower's last id: a newcomer (from 0) takes nothing from
+    it, or it would never see what came before; the next read starts at its id."""
+    keys = Keys(prefix="hubtest")
+    out = keys.out("j").encode()
+    old, new, later = _entries([_token(0)]), _entries([_token(1)]), []
+    hub = StreamHub(Scripted([]), keys, block_ms=50)
+    first_got: list[list[dict]] = []
+    first = _Listener(first_got.append, last=old[-1][0])
+    hub._streams[out] = [first]
+    hub._read_from = {out: first.last}  # the XREAD in flight
+    newcomer = _Listener(later.append)
+    hub._streams[out].append(newcomer)
+    hub._hand_out([[out, new]])
+    assert first_got == [[_token(1)]] and later == []
+    hub._read_from = {out: b"0"}  # the next XREAD: from the newcomer's id
+    hub._hand_out([[out, old + new]])
+    assert first_got == [[_token(1)]] and later == [[_token(0), _token(1)]]
