@@ -7,18 +7,23 @@ tool, a stream...) is not a file error: it runs as a line and gets its own error
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from worker.batch.api_objects import BatchError
+from worker.strict_json import JSONRefused, loads_strict
 
 MAX_REPORTED = 100  # errors listed in the batch's `errors`; the first ones are enough to fix a file
 DEFAULT_MAX_LINES = 50_000  # OpenAI's limit per batch
 
 
+def text_of(content: bytes) -> str:
+    """A file's text; a leading byte order mark (editors on Windows write one) is not part of line 1."""
+    return content.decode("utf-8-sig", errors="replace")
+
+
 def input_lines(content: bytes) -> Iterator[str]:
     """The non-blank lines of a stored input file, each with its newline stripped."""
-    for line in content.decode("utf-8", errors="replace").splitlines():
+    for line in text_of(content).splitlines():
         if line.strip():
             yield line
 
@@ -27,7 +32,7 @@ def check_input(content: bytes, endpoint: str, max_lines: int = DEFAULT_MAX_LINE
     errors: list[BatchError] = []
     seen: set[str] = set()
     count = 0
-    for number, line in enumerate(content.decode("utf-8", errors="replace").splitlines(), start=1):
+    for number, line in enumerate(text_of(content).splitlines(), start=1):
         if not line.strip():
             continue
         count += 1
@@ -45,9 +50,9 @@ def check_input(content: bytes, endpoint: str, max_lines: int = DEFAULT_MAX_LINE
 
 def _check_line(line: str, endpoint: str, seen: set[str]) -> tuple[str, str] | None:
     try:
-        entry = json.loads(line)
-    except ValueError:
-        return "invalid_json_line", "the line is not JSON"
+        entry = loads_strict(line.encode())
+    except JSONRefused as exc:
+        return "invalid_json_line", f"the line is refused: {exc}"
     if not isinstance(entry, dict):
         return "invalid_request", "the line is not a JSON object"
     custom_id = entry.get("custom_id")

@@ -9,10 +9,10 @@ Body fields map to job fields under the names of docs/protocol.md. A field that 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 from worker.batch.openai_echo import Echo, EchoError, take_echo
+from worker.strict_json import JSONRefused, loads_strict
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 
@@ -37,6 +37,9 @@ _SHARED = (
 # Accepted and ignored: they change nothing about the tokens (the model is whatever the workers serve).
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls")
 _OFF_OR_ABSENT = {"stream": False, "echo": False, "tools": None, "functions": None}
+# OpenAI's chat roles -> the role the chat template is given: "developer" is OpenAI's newer name for
+# "system", which is the one the models' templates know.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class LineError(ValueError):
@@ -59,7 +62,7 @@ class BatchRequest:
 def parse_custom_id(line: str) -> str | None:
     """The custom_id of a line, or None when the line has none (it then fails in parse_line)."""
     try:
-        value = json.loads(line).get("custom_id")
+        value = loads_strict(line.encode()).get("custom_id")
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and value else None
@@ -74,9 +77,9 @@ def job_id_for(line: str) -> str:
 def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
     """The line's job, named `job_id` (default: derived from the line, job_id_for)."""
     try:
-        entry = json.loads(line)
-    except ValueError as exc:
-        raise LineError("invalid_json", f"line is not JSON: {exc}") from None
+        entry = loads_strict(line.encode())
+    except JSONRefused as exc:
+        raise LineError("invalid_json", f"line: {exc}") from None
     if not isinstance(entry, dict):
         raise LineError("invalid_request", "line is not a JSON object")
     custom_id, method, url, body = (entry.get(k) for k in ("custom_id", "method", "url", "body"))
@@ -168,13 +171,19 @@ def _messages(messages: object) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise LineError("invalid_request", "messages must be a non-empty list")
     out = []
-    for m in messages:
+    for k, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise LineError("invalid_request", "each message needs a role")
+        role = ROLES.get(m["role"])
+        if role is None:  # a chat template would render any role into the prompt as given
+            raise LineError(
+                "invalid_request",
+                f"messages.{k}.role must be one of {', '.join(ROLES)}, got {m['role'][:32]!r}",
+            )
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise LineError("unsupported_field", f"message fields not supported: {', '.join(sorted(extra))}")
-        out.append({"role": m["role"], "content": _content(m.get("content"))})
+        out.append({"role": role, "content": _content(m.get("content"))})
     return out
 
 

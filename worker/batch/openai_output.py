@@ -17,7 +17,8 @@ from typing import Any
 from worker.batch.openai_echo import Echo, PromptScores, echo_choice
 from worker.batch.openai_input import CHAT_URL
 from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
-from worker.error_codes import http_status
+from worker.batch.sink import EXPIRED
+from worker.error_codes import ErrorCode, http_status
 
 
 def _line(custom_id: str, response: dict | None, error: dict | None) -> str:
@@ -46,7 +47,11 @@ def from_event(
 ) -> tuple[str, bool, int]:
     """(output line, succeeded, completion tokens) for the job's terminal event. `logprobs` (per sample,
     gathered from the token events) when the line asked for them; `echo` and the prompt's scores (from the
-    token events) for a completions line with echo or prompt_logprobs."""
+    token events) for a completions line with echo or prompt_logprobs. A job stopped at its deadline (a
+    batch's jobs carry its window's end as theirs) is a line the window cut: OpenAI's `batch_expired` error
+    line."""
+    if _past_deadline(event):
+        return line_error(custom_id, EXPIRED.code, EXPIRED.message), False, 0
     if event.get("type") == "error":
         code = str(event.get("code", "internal_error"))
         status, type_ = http_status(code)
@@ -70,6 +75,13 @@ def from_event(
     body = response_body(url, model, job_id, event, logprobs, echo, prompt)
     completion = body["usage"]["completion_tokens"]
     return _line(custom_id, {"status_code": 200, "request_id": job_id, "body": body}, None), True, completion
+
+
+def _past_deadline(event: dict) -> bool:
+    if event.get("type") == "error":
+        return event.get("code") == ErrorCode.DEADLINE_EXCEEDED.value  # stopped before it started
+    reasons = event.get("finish_reasons") or [event.get("finish_reason")]
+    return "abort" in reasons and event.get("reason") == "deadline"
 
 
 def response_body(

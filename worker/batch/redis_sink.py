@@ -21,7 +21,7 @@ import redis
 from worker.batch.batch_lease import BatchLease, Handover
 from worker.batch.batch_store import LeaseLost
 from worker.batch.resume import Answered
-from worker.batch.sink import Stop
+from worker.batch.sink import EXPIRED, Stop
 from worker.fleet.batch_board import BatchBoard
 from worker.keys import Keys
 
@@ -44,7 +44,6 @@ redis.call('HSET', KEYS[2], 'total', ARGV[2])
 return 1
 """
 CANCELLED = Stop("batch_cancelled", "the batch was cancelled before this request ran")
-EXPIRED = Stop("batch_expired", "this request could not be run before the batch's completion window ended")
 
 
 class RedisSink:

@@ -31,8 +31,10 @@ from worker.batch.openai_output import from_event, line_error
 from worker.batch.resume import DUPLICATE
 from worker.batch.sink import Sink, Stop
 from worker.client import NoAnswer
+from worker.error_codes import ErrorCode
 from worker.job_queue import Cursor, JobQueue, read_outputs
 from worker.keys import EVENT_FIELD
+from worker.strict_json import too_deep
 
 CANCEL_KEY_TTL_S = 600  # as docs/protocol.md's example: long enough for any worker to see it
 
@@ -208,7 +210,7 @@ class BatchRunner:
                 continue
             for entry_id, fields in entries:
                 pending.cursor.last_id = entry_id
-                event = json.loads(fields[EVENT_FIELD])
+                event = _event(fields[EVENT_FIELD])
                 if event.get("type") == "token" and pending.logprobs is not None:
                     pending.logprobs.setdefault(event.get("sample", 0), SampleLogprobs()).add(event)
                 if event.get("type") == "token" and "prompt_logprobs" in event:
@@ -239,8 +241,20 @@ class BatchRunner:
         self._tally.tokens += tokens
 
 
+def _event(raw: bytes) -> dict:
+    """An output stream's event. An entry no worker writes (not JSON, nested too deep, no type) ends its
+    line as internal_error, as the gateway answers it: nothing in one stream may stop the run."""
+    try:
+        event = None if too_deep(raw) else json.loads(raw)
+    except (ValueError, RecursionError):
+        event = None
+    if isinstance(event, dict) and isinstance(event.get("type"), str):
+        return event
+    return {"type": "error", "code": ErrorCode.INTERNAL.value, "message": "an entry is not an event"}
+
+
 def _lines(path: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte order mark is not part of line 1
         for line in f:
             if line.strip():
                 yield line

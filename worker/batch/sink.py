@@ -20,6 +20,10 @@ class Stop:
     message: str
 
 
+# Also the line of a job the workers stopped at the window's end (worker/batch/openai_output.py).
+EXPIRED = Stop("batch_expired", "this request could not be run before the batch's completion window ended")
+
+
 class Sink(Protocol):
     def answered(self) -> Answered:
         """What earlier runs wrote: those custom_ids are skipped (and duplicate lines not written twice)."""

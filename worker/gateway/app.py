@@ -42,8 +42,10 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
             else StreamHub(app.state.redis, app.state.keys, settings.block_ms)
         )
         tasks = [asyncio.create_task(start(app)) for start in app.state.starters]
+        app.state.hub_task = None  # /health fails once it has ended (worker/gateway/health.py)
         if isinstance(hub, StreamHub):
-            tasks.append(asyncio.create_task(hub.run()))
+            app.state.hub_task = asyncio.create_task(hub.run())
+            tasks.append(app.state.hub_task)
         try:
             yield
         finally:

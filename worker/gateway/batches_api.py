@@ -13,6 +13,7 @@ from worker.gateway.auth import tenant_of
 from worker.gateway.batch_api import batch_api_of, owner
 from worker.gateway.errors import APIError, invalid
 from worker.gateway.files_api import list_page
+from worker.gateway.json_body import body_as
 
 router = APIRouter(prefix="/v1/batches")
 
@@ -31,7 +32,11 @@ def not_found(batch_id: str) -> APIError:
 
 
 @router.post("")
-def create(request: Request, body: CreateBatch, tenant: str | None = Depends(tenant_of)) -> BatchObject:
+def create(
+    request: Request,
+    body: CreateBatch = Depends(body_as(CreateBatch)),
+    tenant: str | None = Depends(tenant_of),
+) -> BatchObject:
     if body.endpoint not in (CHAT_URL, COMPLETIONS_URL):
         raise invalid(f"endpoint must be {CHAT_URL} or {COMPLETIONS_URL}, got {body.endpoint!r}", "endpoint")
     try:
@@ -80,7 +85,8 @@ def cancel(request: Request, batch_id: str, tenant: str | None = Depends(tenant_
     found = batch_api_of(request).batches.cancel(owner(tenant), batch_id)
     if found is None:
         raise not_found(batch_id)
-    if found.status not in CANCELLABLE_STATUSES | {"cancelling", "cancelled"}:
+    # Cancelling again while cancelling is the same request; a final batch (cancelled too) is 409.
+    if found.status not in CANCELLABLE_STATUSES | {"cancelling"}:
         raise APIError(
             409, f"batch {batch_id} is {found.status}: it cannot be cancelled", code="batch_not_cancellable"
         )

@@ -12,7 +12,6 @@ import asyncio
 import re
 import time
 import uuid
-from typing import Any
 
 import structlog
 from fastapi import APIRouter, Depends, Request
@@ -29,6 +28,7 @@ from worker.gateway.auth import tenant_of
 from worker.gateway.chunks import ChunkWriter
 from worker.gateway.disconnect import ClientLeft, unless_disconnected
 from worker.gateway.errors import APIError, from_worker, invalid, model_not_found, no_worker, timed_out
+from worker.gateway.json_body import read_body
 from worker.gateway.sse import EventStream
 from worker.gateway.state import keys_of, redis_of, settings_of
 from worker.keys import requests_stream_name
@@ -56,16 +56,6 @@ def job_id_for(request: Request, tenant: str | None) -> str:
     if given and re.match(JOB_ID_PATTERN, job_id := f"{tenant}:{given}" if tenant else given):
         return job_id
     return uuid.uuid4().hex
-
-
-async def read_body(request: Request) -> dict[str, Any]:
-    try:
-        body = job_io.parse_json(await request.body())
-    except ValueError as exc:
-        raise invalid(f"the body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise invalid("the body must be a JSON object")
-    return body
 
 
 async def complete(request: Request, url: str, tenant: str | None) -> Response:
@@ -103,12 +93,17 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     )
     job_keys = job_io.keys_of_stream(keys, stream_name)
 
+    events, headers = request.app.state.hub, {"x-request-id": job_id}
+
     async def cancel() -> None:
+        """Called once this request no longer follows the job; another with the same X-Request-Id may."""
+        if events.followed(job_keys, job_id):
+            log.info("answer abandoned: job kept for another request", request_id=job_id)
+            return
         log.info("answer abandoned: job cancelled", request_id=job_id)
         await job_io.cancel(client, job_keys, job_id, sharded=settings.cluster)
 
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
-    events, headers = request.app.state.hub, {"x-request-id": job_id}
     if stream:
         include_usage = bool((options or {}).get("include_usage"))
         n = job.get("n") or 1
@@ -119,11 +114,13 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
         found = await unless_disconnected(request.receive, _rest(batches))
         answer = _answer(url, model, job_id, job, found, settings.request_timeout_s, echo)
     except TimeoutError:
+        await batches.aclose()  # before cancel(), which asks whether another request follows the job
         await cancel()
         late = timed_out(settings.request_timeout_s)
         late.headers.update(headers)
         raise late from None
     except ClientLeft:
+        await batches.aclose()
         await cancel()
         return Response(status_code=499)  # nobody reads it
     except APIError as exc:

@@ -1,4 +1,5 @@
-"""`GET /health`: 200 when Redis answers (no key needed: load balancers probe it), 503 when it does not;
+"""`GET /health`: 200 when Redis answers (no key needed: load balancers probe it), 503 when it does not or
+when the stream hub's reader has stopped (no answer would ever come: restart the gateway);
 `GET /metrics`: Prometheus text."""
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
+    reader = getattr(request.app.state, "hub_task", None)
+    if reader is not None and reader.done():
+        why = "cancelled" if reader.cancelled() else repr(reader.exception())
+        return JSONResponse({"status": "unavailable", "stream_hub": f"stopped: {why}"}, status_code=503)
     try:
         await redis_of(request).ping()
     except Exception as exc:  # any failure to reach Redis is "not ready"

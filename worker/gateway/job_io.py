@@ -19,6 +19,7 @@ from worker.gateway.errors import queue_full
 from worker.gateway.fleet_view import ServedModel
 from worker.intake.lane_layout import read_layout_async
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
+from worker.strict_json import MAX_JSON_DEPTH, JSONRefused, too_deep
 
 CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
 LOST = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
@@ -68,12 +69,15 @@ async def submit(
 
 
 def parse_json(raw: bytes) -> Any:
-    """JSON (an event, a request's body) as json.loads reads it, by orjson, ~5x faster (per token, the
-    hub's largest cost). What orjson refuses and Python's json reads (-Infinity, the logprob of a token
-    that cannot be sampled, as the worker's json.dumps writes it; NaN; an escaped lone surrogate; UTF-16)
-    goes to json.loads, which raises for what is not JSON. One difference stays: orjson reads an integer
-    past 64 bits as a float. An event's integers are token ids, indexes and counts; in a request, no field
-    takes such an integer, and it is refused either way (as not an integer, instead of out of range)."""
+    """An output stream's event as json.loads reads it, by orjson, ~5x faster (per token, the hub's
+    largest cost). What orjson refuses and Python's json reads (-Infinity, the logprob of a token that
+    cannot be sampled, as the worker's json.dumps writes it; NaN; an escaped lone surrogate) goes to
+    json.loads, which raises for what is not JSON. JSON nested deeper than MAX_JSON_DEPTH is refused
+    before either parser runs (json.loads would raise RecursionError, which no ValueError handler
+    catches). orjson reads an integer past 64 bits as a float; an event's integers are token ids,
+    indexes and counts. A request's body is read by strict_json.loads_strict instead."""
+    if too_deep(raw):
+        raise JSONRefused(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -83,13 +87,14 @@ def parse_json(raw: bytes) -> Any:
 def until_terminal(entries: list) -> list[dict]:
     """The events of one read's entries of an output stream, up to its terminal event (nothing follows
     one; were something there, no reader should see it). An entry that is not an event (no worker writes
-    one: not JSON, not an object, no type) ends the answer there with NOT_AN_EVENT, a 500."""
+    one: not JSON, too deep, not an object, no type; whatever raises while reading it) ends the answer
+    there with NOT_AN_EVENT, a 500."""
     events = []
     for _, fields in entries:
         try:
             event = parse_json(fields[EVENT_FIELD])
             ended = event["type"] in TERMINAL
-        except (ValueError, TypeError, KeyError):
+        except Exception:  # noqa: BLE001  # an entry is data: nothing in it may escape to the reader
             log.exception("an output stream's entry is not an event")
             event, ended = dict(NOT_AN_EVENT), True
         events.append(event)

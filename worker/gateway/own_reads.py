@@ -18,21 +18,35 @@ log = structlog.get_logger("conveyor.gateway")
 class OwnReads:
     def __init__(self, client, block_ms: int) -> None:
         self.client, self.block_ms = client, block_ms
-        self._readers: dict[str, asyncio.Task] = {}  # output stream -> the task handing its events out
+        # (output stream, sink) -> the task handing its events out: one per request, several for a stream
+        # whose X-Request-Id was sent again while its first request is answered.
+        self._readers: dict[tuple[str, Sink], asyncio.Task] = {}
+        self._following: dict[str, int] = {}  # output stream -> requests reading it through `follow`
 
-    def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
-        return job_io.follow(self.client, keys, job_id, self.block_ms, deadline)
+    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
+        key = keys.out(job_id)
+        self._following[key] = self._following.get(key, 0) + 1
+        try:
+            async for batch in job_io.follow(self.client, keys, job_id, self.block_ms, deadline):
+                yield batch
+        finally:
+            self._following[key] -= 1
+            if not self._following[key]:
+                del self._following[key]
 
     async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None:
         """`sink(events)` with each batch of the job's events, from a task of the request's own; until
         the terminal event's batch, or `detach`."""
-        key = keys.out(job_id)
-        self._readers[key] = asyncio.ensure_future(self._read(keys, job_id, sink))
+        self._readers[keys.out(job_id), sink] = asyncio.ensure_future(self._read(keys, job_id, sink))
 
-    def detach(self, keys: Keys, job_id: str) -> None:
-        reader = self._readers.pop(keys.out(job_id), None)
+    def detach(self, keys: Keys, job_id: str, sink: Sink) -> None:
+        reader = self._readers.pop((keys.out(job_id), sink), None)
         if reader is not None:
             reader.cancel()
+
+    def followed(self, keys: Keys, job_id: str) -> bool:
+        key = keys.out(job_id)
+        return key in self._following or any(stream == key for stream, _ in self._readers)
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -46,5 +60,5 @@ class OwnReads:
         except Exception:  # as the hub: the answer's own deadline ends it
             log.exception("a stream's events could not be handed out", request_id=job_id)
         finally:
-            if self._readers.get(keys.out(job_id)) is asyncio.current_task():
-                del self._readers[keys.out(job_id)]
+            if self._readers.get((keys.out(job_id), sink)) is asyncio.current_task():
+                del self._readers[keys.out(job_id), sink]

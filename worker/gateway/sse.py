@@ -37,7 +37,9 @@ class EventSource(Protocol):
 
     async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None: ...
 
-    def detach(self, keys: Keys, job_id: str) -> None: ...
+    def detach(self, keys: Keys, job_id: str, sink: Sink) -> None: ...
+
+    def followed(self, keys: Keys, job_id: str) -> bool: ...
 
 
 # json.dumps with any option set makes an encoder per call.
@@ -125,7 +127,7 @@ class EventStream(Response):
             await exc.response()(scope, receive, send)
         finally:
             timer.cancel()
-            self.events.detach(self.keys, job_id)
+            self.events.detach(self.keys, job_id, self._feed)
             if not self.job_ended:
                 await self.on_abandon()
 

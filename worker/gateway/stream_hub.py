@@ -7,7 +7,13 @@ note to this process's own wake stream, which every XREAD includes: the blocked 
 the next one includes the newcomer. One note per read: those joining after it (64 requests arriving
 together) ride on it, and a request joining between reads needs none. Each stream is read from the last
 id handed out, so a lost connection or a worker's takeover loses and repeats nothing (as job_io.follow,
-which cluster mode uses instead, through own_reads.py: a multi-key XREAD must stay in one slot).
+which cluster mode uses instead, through own_reads.py: a multi-key XREAD must stay in one slot). Several
+requests may follow one stream (one X-Request-Id sent again while the first is answered): the stream is
+read from the earliest of their last ids, and each is handed only the entries after its own.
+
+Nothing an entry holds may stop the reader (it serves every stream of the process): an entry that is not
+an event ends its own answer (job_io.until_terminal), a sink that raises ends its own. Should the reader
+stop all the same, every request gets HUB_STOPPED and /health fails.
 
 A streamed answer attaches a sink, called in the reader's own pass with each batch of its stream's
 events: it writes its chunks there (worker/gateway/sse.py), so one reply's 50 streams cost one pass, not
@@ -22,18 +28,33 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 import structlog
 
 from worker.connection import Backoff
+from worker.error_codes import ErrorCode
 from worker.gateway.job_io import LOST, TERMINAL, until_terminal
 from worker.keys import Keys
 
 WAKE_TTL_S = 60
 log = structlog.get_logger("conveyor.gateway")
 Sink = Callable[[list[dict]], None]  # takes one read's events of its stream, in the reader's pass
+# What every request still following a stream gets when the reader stops on an error: a 500 at once,
+# not a wait until its deadline (and /health fails: worker/gateway/health.py).
+HUB_STOPPED = {
+    "type": "error",
+    "code": ErrorCode.INTERNAL.value,
+    "message": "the gateway's stream reader stopped",
+}
+
+
+@dataclass(eq=False)
+class _Listener:
+    sink: Sink
+    last: bytes = b"0"  # the last entry id handed to it
 
 
 class StreamHub:
@@ -41,35 +62,48 @@ class StreamHub:
         self.client, self.block_ms = client, block_ms
         self.wake_key = f"{keys.prefix}:gateway-wake:{uuid.uuid4().hex}"
         self._wake_bytes = self.wake_key.encode()
-        self._last: dict[bytes, bytes] = {}  # output stream -> last entry id handed out
-        self._sinks: dict[bytes, Sink] = {}
+        # Output stream -> the requests following it: usually one; several for one X-Request-Id sent again
+        # while its first request is still answered (each is handed every event, from the first).
+        self._streams: dict[bytes, list[_Listener]] = {}
         self._wake_last = b"$"
         self._reading = False  # an XREAD is in flight: a newcomer is not in it
         self._woken = False  # ... and a wake note was sent during it
         self._joined = asyncio.Event()
         self._closed = False
+        self._stopped = False  # the reader ended on an error: nobody hands events out
+        self._read_from: dict[bytes, bytes] = {}  # the id each stream of the last XREAD was read from
 
     async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None:
         """From the next read on, `sink(events)` with each batch of the job's events, in order, from its
-        first; the batch holding the terminal event is the last. Until `detach`."""
-        key = keys.out(job_id).encode()
-        self._sinks[key], self._last[key] = sink, b"0"
+        first; the batch holding the terminal event is the last. Until `detach(keys, job_id, sink)`."""
+        if self._stopped:
+            sink([dict(HUB_STOPPED)])
+            return
+        self._streams.setdefault(keys.out(job_id).encode(), []).append(_Listener(sink))
         self._joined.set()
         await self._wake()
 
-    def detach(self, keys: Keys, job_id: str) -> None:
+    def detach(self, keys: Keys, job_id: str, sink: Sink) -> None:
         key = keys.out(job_id).encode()
-        self._sinks.pop(key, None)
-        self._last.pop(key, None)
+        listeners = self._streams.get(key, [])
+        # == and not `is`: each `obj.method` is a new bound method, equal to the one attached.
+        listeners[:] = [listener for listener in listeners if listener.sink != sink]
+        if not listeners:
+            self._streams.pop(key, None)
+
+    def followed(self, keys: Keys, job_id: str) -> bool:
+        """Whether a request still follows the job (another one with the same X-Request-Id)."""
+        return bool(self._streams.get(keys.out(job_id).encode()))
 
     async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
         """The job's events in order, in the batches the reads returned, ending with the batch holding the
         terminal event; TimeoutError at `deadline` (loop time)."""
         queue: asyncio.Queue = asyncio.Queue()
+        sink = queue.put_nowait
         # At the deadline a None joins the queue: one timer per request, not one per event (wait_for).
-        timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, None)
+        timer = asyncio.get_running_loop().call_at(deadline, sink, None)
         try:
-            await self.attach(keys, job_id, queue.put_nowait)
+            await self.attach(keys, job_id, sink)
             while True:
                 batch = await queue.get()
                 if batch is None:
@@ -79,7 +113,7 @@ class StreamHub:
                     return
         finally:
             timer.cancel()
-            self.detach(keys, job_id)
+            self.detach(keys, job_id, sink)
 
     async def _wake(self) -> None:
         """End the read in flight, which does not name the newcomer's stream; once per read."""
@@ -100,14 +134,32 @@ class StreamHub:
         self._joined.set()
 
     async def run(self) -> None:
-        """The reader: runs as long as the app (app.state.starters); stops when cancelled or closed."""
+        """The reader: runs as long as the app (app.state.starters); stops when cancelled or closed. Should
+        it fail (Redis refuses the gateway's password), every request following a stream gets HUB_STOPPED,
+        as does every later one, and the task ends with the error (/health reports it)."""
+        try:
+            await self._read()
+        except Exception:
+            log.exception("the stream hub stopped: no output stream is read")
+            self._stopped = True
+            streams, self._streams = self._streams, {}
+            for listeners in streams.values():
+                for listener in listeners:
+                    _give(listener, [dict(HUB_STOPPED)])
+            raise
+
+    async def _read(self) -> None:
         backoff = Backoff()
         while not self._closed:
-            if not self._last:
+            if not self._streams:
                 self._joined.clear()
                 await self._joined.wait()
                 continue  # closed meanwhile, or someone joined
-            streams: dict[Any, bytes] = {self.wake_key: self._wake_last, **self._last}
+            self._read_from = {
+                key: min((listener.last for listener in listeners), key=_order)
+                for key, listeners in self._streams.items()
+            }
+            streams: dict[Any, bytes] = {self.wake_key: self._wake_last, **self._read_from}
             self._reading, self._woken = True, False
             try:
                 reply: Any = await self.client.xread(streams, block=self.block_ms, count=1000)
@@ -125,29 +177,54 @@ class StreamHub:
                 await asyncio.sleep(0)
 
     def _hand_out(self, reply: list) -> bool:
-        """Each stream's events to its request's sink; whether any request got some."""
+        """Each stream's events to its requests' sinks; whether any request got some."""
         handed = False
         for key, entries in reply:
             key = key if isinstance(key, bytes) else key.encode()
             if key == self._wake_bytes:
                 self._wake_last = entries[-1][0]
                 continue
-            sink = self._sinks.get(key)
-            if sink is None:  # its request ended meanwhile
+            listeners = self._streams.get(key)
+            if not listeners:  # its requests ended meanwhile
                 continue
-            self._last[key] = entries[-1][0]
-            batch = until_terminal(entries)
-            ended = batch[-1]["type"] in TERMINAL  # nothing follows
-            try:
-                sink(batch)
-            except Exception:  # one answer's failure is its own: the others' events still go out
-                log.exception("a stream's events could not be handed out", stream=key.decode())
-                ended = True
-            if ended:
-                self._sinks.pop(key, None)
-                self._last.pop(key, None)
-            handed = True
+            start = _order(self._read_from.get(key, b"0"))
+            for listener in list(listeners):
+                if _order(listener.last) < start:  # joined during the read: the next one starts at its id
+                    continue
+                new = _after(entries, listener.last)  # read from its listeners' earliest last id
+                if not new:
+                    continue
+                listener.last = new[-1][0]
+                handed = True
+                if _give(listener, until_terminal(new)) and listener in listeners:  # (not detached by it)
+                    listeners.remove(listener)
+            if not listeners and self._streams.get(key) is listeners:
+                del self._streams[key]
         return handed
+
+
+def _give(listener: _Listener, batch: list[dict]) -> bool:
+    """Hand `batch` to one request; whether its answer has ended (its terminal event, or its sink failed:
+    one answer's failure is its own, the others' events still go out)."""
+    try:
+        listener.sink(batch)
+    except Exception:
+        log.exception("a stream's events could not be handed out")
+        return True
+    return batch[-1]["type"] in TERMINAL
+
+
+def _order(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+def _after(entries: list, last: bytes) -> list:
+    """The entries after id `last` (entries are in id order: most often all of them, told by the first)."""
+    floor = _order(last)
+    if _order(entries[0][0]) > floor:
+        return entries
+    return [entry for entry in entries if _order(entry[0]) > floor]
 
 
 def _raise_if_cancel_lost() -> None:

@@ -30,8 +30,11 @@ class Source:
         assert keys is KEYS and job_id == "job-1"
         self.sink = sink
 
-    def detach(self, keys: Keys, job_id: str) -> None:
+    def detach(self, keys: Keys, job_id: str, sink) -> None:
         self.detached = True
+
+    def followed(self, keys: Keys, job_id: str) -> bool:
+        return False
 
 
 async def _answer(timeout_s: float = 30.0):

@@ -6,6 +6,7 @@ and TimeoutError at the deadline."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import uuid
@@ -14,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker.gateway.own_reads import OwnReads
-from worker.gateway.stream_hub import StreamHub
+from worker.gateway.stream_hub import HUB_STOPPED, StreamHub, _Listener
 from worker.keys import EVENT_FIELD, Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
@@ -59,7 +60,7 @@ def test_events_come_in_the_batches_read_and_end_at_the_terminal_one(redis_serve
         await _add(client, keys, "j1", [_token(4), done, _token(5)])
         assert [batch async for batch in batches] == [[_token(4), done]]
         if kind == "hub":
-            assert not hub._sinks and not hub._last  # the request is forgotten
+            assert not hub._streams  # the request is forgotten
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
 
@@ -74,7 +75,7 @@ def test_a_request_with_no_events_times_out_at_its_deadline(redis_server, kind):
             await anext(batches)
         assert loop.time() - started >= 0.3 - 0.01  # not before (the timer is the loop's own clock)
         if kind == "hub":
-            assert not hub._sinks and not hub._last
+            assert not hub._streams
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
 
@@ -141,8 +142,11 @@ class Scripted:
         return []
 
 
+_IDS = itertools.count(1)  # entry ids grow from one scripted reply to the next, as a stream's do
+
+
 def _entries(events: list[dict]) -> list:
-    return [(f"0-{k + 1}".encode(), {EVENT_FIELD: json.dumps(e).encode()}) for k, e in enumerate(events)]
+    return [(f"0-{next(_IDS)}".encode(), {EVENT_FIELD: json.dumps(e).encode()}) for e in events]
 
 
 def test_requests_take_their_events_before_the_next_reply_is_read():
@@ -166,7 +170,9 @@ def test_requests_take_their_events_before_the_next_reply_is_read():
 
 
 @pytest.mark.parametrize(
-    "raw", [b'{"type": "tok', b"5", b'{"index": 0}'], ids=["not-json", "no-dict", "no-type"]
+    "raw",
+    [b'{"type": "tok', b"5", b'{"index": 0}', b"[" * 5000 + b"]" * 5000],
+    ids=["not-json", "no-dict", "no-type", "5000-deep"],
 )
 def test_an_entry_that_is_not_an_event_ends_its_answer_as_an_error_and_the_others_go_on(raw):
     keys = Keys(prefix="hubtest")
@@ -198,7 +204,7 @@ def test_an_entry_that_is_not_an_event_ends_its_answer_as_an_error_and_the_other
 def _stops(hub: StreamHub, stop) -> bool:
     async def body() -> bool:
         reader = asyncio.create_task(hub.run())
-        hub._last[b"some:out:stream"] = b"0"  # a request is followed: the reader blocks in XREAD
+        hub._streams[b"some:out:stream"] = [_Listener(print)]  # followed: the reader blocks in XREAD
         hub._joined.set()
         await asyncio.sleep(0.05)
         stop(reader)
@@ -249,7 +255,7 @@ def test_one_cancel_stops_the_reader_on_a_real_redis(redis_server):
         try:
             for _ in range(200):
                 hub = StreamHub(client, Keys(prefix=f"hubtest-{uuid.uuid4().hex}"), block_ms=50)
-                hub._last[b"quiet:out:stream"], hub._joined = b"0", asyncio.Event()
+                hub._streams[b"quiet:out:stream"], hub._joined = [_Listener(print)], asyncio.Event()
                 hub._joined.set()
                 reader = asyncio.create_task(hub.run())
                 await asyncio.sleep(rng.uniform(0.0, 0.06))
@@ -271,7 +277,8 @@ def test_a_sink_takes_each_read_in_order_and_one_that_fails_stops_only_its_own(r
             got["bad"].append(batch)
             raise RuntimeError("this answer broke")
 
-        await hub.attach(keys, "ok", got["ok"].append)
+        ok = got["ok"].append
+        await hub.attach(keys, "ok", ok)
         await hub.attach(keys, "bad", failing)
         await _add(client, keys, "ok", [_token(0), _token(1)])
         await _add(client, keys, "bad", [_token(0)])
@@ -287,7 +294,115 @@ def test_a_sink_takes_each_read_in_order_and_one_that_fails_stops_only_its_own(r
         assert got["ok"][0] == [_token(0), _token(1)]  # one read, one batch
         await asyncio.sleep(0.3)
         assert got["bad"] == [[_token(0)]]
-        hub.detach(keys, "ok")
-        hub.detach(keys, "bad")
+        hub.detach(keys, "ok", ok)
+        hub.detach(keys, "bad", failing)
 
     asyncio.run(_with_hub(redis_server.url, body, kind))
+
+
+@pytest.mark.parametrize("kind", ["hub", "one-per-request"])
+def test_two_requests_following_one_stream_each_get_every_event(redis_server, kind):
+    """One X-Request-Id sent again while its first request is answered: the second request gets the
+    events from the first one on, the first is not handed any twice, and one leaving leaves the other."""
+
+    async def body(client, keys, hub) -> None:
+        done = {"type": "done", "finish_reason": "length", "usage": {}}
+        deadline = asyncio.get_running_loop().time() + 30
+        first = hub.follow(keys, "j", deadline)
+        await _add(client, keys, "j", [_token(0)])
+        assert await anext(first) == [_token(0)]
+        second = hub.follow(keys, "j", deadline)
+        assert await anext(second) == [_token(0)]
+        third = hub.follow(keys, "j", deadline)
+        assert await anext(third) == [_token(0)]
+        await third.aclose()  # leaves: the others go on
+        await _add(client, keys, "j", [_token(1)])
+        assert await anext(first) == [_token(1)]
+        assert await anext(second) == [_token(1)]
+        await _add(client, keys, "j", [done])
+        assert [batch async for batch in first] == [[done]]
+        assert [batch async for batch in second] == [[done]]
+        if kind == "hub":
+            assert not hub._streams
+
+    asyncio.run(_with_hub(redis_server.url, body, kind))
+
+
+class _Refused(Scripted):
+    async def xread(self, streams: dict, block: int, count: int) -> list:
+        raise RuntimeError("the reader breaks")
+
+
+def test_a_reader_that_stops_ends_every_answer_at_once_and_refuses_newcomers():
+    keys = Keys(prefix="hubtest")
+
+    async def body() -> None:
+        hub = StreamHub(_Refused([]), keys, block_ms=50)
+        reader = asyncio.create_task(hub.run())
+        deadline = asyncio.get_running_loop().time() + 10
+        waiting = [batch async for batch in hub.follow(keys, "j1", deadline)]
+        assert waiting == [[HUB_STOPPED]]
+        with pytest.raises(RuntimeError):
+            await reader
+        later = [batch async for batch in hub.follow(keys, "j2", deadline)]
+        assert later == [[HUB_STOPPED]] and not hub._streams
+
+    asyncio.run(body())
+
+
+def test_a_sink_that_detaches_itself_on_its_last_batch_does_not_stop_the_reader():
+    keys = Keys(prefix="hubtest")
+    done = {"type": "done", "finish_reason": "length", "usage": {}}
+    one, two = keys.out("one").encode(), keys.out("two").encode()
+    client = Scripted([[[one, _entries([done])]], [[two, _entries([_token(0), done])]]])
+
+    async def body() -> list:
+        hub = StreamHub(client, keys, block_ms=50)
+        reader = asyncio.create_task(hub.run())
+
+        def leaving(batch: list[dict]) -> None:
+            hub.detach(keys, "one", leaving)
+
+        await hub.attach(keys, "one", leaving)
+        got = [batch async for batch in hub.follow(keys, "two", asyncio.get_running_loop().time() + 5)]
+        assert not reader.done()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        return got
+
+    assert asyncio.run(body()) == [[_token(0), done]]
+
+
+def test_the_earlier_of_two_followers_leaving_mid_read_repeats_nothing_to_the_other():
+    """The stream was read from the newcomer's id (0); the newcomer leaves before the reply is handed out:
+    the first follower is handed only the entries after its own last one."""
+    keys = Keys(prefix="hubtest")
+    out = keys.out("j").encode()
+    hub = StreamHub(Scripted([]), keys, block_ms=50)
+    got: list[list[dict]] = []
+    entries = _entries([_token(0), _token(1), _token(2)])
+    first, newcomer = _Listener(got.append, last=entries[1][0]), _Listener(print)
+    hub._streams[out] = [first, newcomer]
+    hub._streams[out].remove(newcomer)  # it left while the XREAD from 0 was in flight
+    hub._hand_out([[out, entries]])
+    assert got == [[_token(2)]]
+
+
+def test_a_follower_joining_during_a_read_is_handed_nothing_from_it_and_all_from_the_next():
+    """The read in flight started at the first follower's last id: a newcomer (from 0) takes nothing from
+    it, or it would never see what came before; the next read starts at its id."""
+    keys = Keys(prefix="hubtest")
+    out = keys.out("j").encode()
+    old, new, later = _entries([_token(0)]), _entries([_token(1)]), []
+    hub = StreamHub(Scripted([]), keys, block_ms=50)
+    first_got: list[list[dict]] = []
+    first = _Listener(first_got.append, last=old[-1][0])
+    hub._streams[out] = [first]
+    hub._read_from = {out: first.last}  # the XREAD in flight
+    newcomer = _Listener(later.append)
+    hub._streams[out].append(newcomer)
+    hub._hand_out([[out, new]])
+    assert first_got == [[_token(1)]] and later == []
+    hub._read_from = {out: b"0"}  # the next XREAD: from the newcomer's id
+    hub._hand_out([[out, old + new]])
+    assert first_got == [[_token(1)]] and later == [[_token(0), _token(1)]]
