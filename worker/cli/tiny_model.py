@@ -4,16 +4,11 @@ checkpoint made on first use in a cache folder, so the worker runs anywhere with
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from engine.cache_dir import cache_dir
 from engine.models.registry import TINY_ARCHS
 
 ARCHS = TINY_ARCHS
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("CONVEYOR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "conveyor")
-    return Path(root)
 
 
 def resolve_model(model: str) -> str:
