@@ -408,16 +408,31 @@ def submit(
 )
 @opt("--jobs", type=int, default=4)
 @opt("--max-tokens", type=int, default=48)
-@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
+@opt(
+    "--model",
+    default="smollm2-135m-instruct",
+    help="a built-in model's short name (fetched once), a .gguf file or checkpoint folder, or `tiny` "
+    "(a small random model, no download)",
+)
+@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], help="the tiny model's architecture")
 @cluster_client_options
 def demo(
-    redis_url: str, jobs: int, max_tokens: int, arch: str, cluster: bool, shards: int, replicas: int
+    redis_url: str,
+    jobs: int,
+    max_tokens: int,
+    model: str,
+    arch: str,
+    cluster: bool,
+    shards: int,
+    replicas: int,
 ) -> None:
-    """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side (with
-    --cluster: a Redis Cluster's node at the URL, or a local 3-master cluster started for it)."""
+    """A whole local round: a real model (or --model tiny), redis-server, a worker, a few jobs streamed side by
+    side (with --cluster: a Redis Cluster's node at the URL, or a local 3-master cluster started for it)."""
     from worker.cli.demo import run_demo
 
-    run_demo(redis_url, jobs, max_tokens, arch, cluster=cluster, shards=shards, replicas=replicas)
+    if model == "tiny":
+        model = f"tiny:{arch}"
+    run_demo(redis_url, jobs, max_tokens, model, cluster=cluster, shards=shards, replicas=replicas)
 
 
 @main.command("make-tiny-model")
