@@ -173,6 +173,7 @@ def worker(**kw: Any) -> None:
     from engine import LLMEngine
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
+    from worker.cli.builtin_models import BUILTIN
     from worker.cli.preflight import (
         PreflightError,
         check_eviction_policy,
@@ -180,7 +181,6 @@ def worker(**kw: Any) -> None:
         check_permissions,
         wait_reachable,
     )
-    from worker.cli.builtin_models import BUILTIN
     from worker.cli.tiny_model import resolve_model
     from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
