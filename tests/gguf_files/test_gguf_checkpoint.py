@@ -115,3 +115,11 @@ def test_a_type_without_a_dequantizer_is_refused_naming_it():
     check_type(GGMLQuantizationType.Q4_1, "ok")  # has one: no error
     with pytest.raises(UnsupportedModelError, match="'blk.0.attn_q.weight' has type Q8_1"):
         check_type(GGMLQuantizationType.Q8_1, "blk.0.attn_q.weight")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_plan_reads_a_gguf_file_as_its_source_folder(tiny_gguf, arch):
+    from engine.plan import plan
+
+    folder, path = tiny_gguf(arch)
+    assert plan(path, 1 << 30, max_model_len=256) == plan(folder, 1 << 30, max_model_len=256)

@@ -462,7 +462,7 @@ def _size_option(ctx, param, value):
 
 
 @main.command("plan")
-@click.option("--model", required=True, help="checkpoint folder or its config.json")
+@click.option("--model", required=True, help="checkpoint folder, its config.json, or a .gguf file")
 @click.option("--memory", required=True, callback=_size_option, help="e.g. 80GiB, 512MiB")
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--dtype", type=click.Choice(PLAN_DTYPES), default="bfloat16", show_default=True)
