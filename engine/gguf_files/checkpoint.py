@@ -23,17 +23,18 @@ import torch
 
 from engine.gguf_files.metadata import Fields, hf_config
 from engine.gguf_files.names import hf_name, hf_row_order, is_gemma_norm, permuted_heads
+from engine.gguf_files.reader import GGUFFile, GGUFTensor
 from engine.models.registry import UnsupportedModelError
 
 
 class GGUFTensorView:
     """One tensor, read on indexing. Shape in HF (torch) order: [rows, cols] for a 2-D weight."""
 
-    def __init__(self, tensor: Any, rows: np.ndarray | None, minus_one: bool) -> None:
-        self.tensor = tensor  # gguf.ReaderTensor: .data is [rows, bytes_per_row] uint8 (or floats), memmapped
+    def __init__(self, tensor: GGUFTensor, rows: np.ndarray | None, minus_one: bool) -> None:
+        self.tensor = tensor  # .data: [rows, bytes_per_row] uint8, memory-mapped
         self.rows = rows  # [rows] GGUF row of each HF row, or None: same order
         self.minus_one = minus_one  # Gemma norms are stored as w + 1
-        self.shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists ne0 (columns) first
+        self.shape = tensor.shape
 
     def get_shape(self) -> tuple[int, ...]:
         return self.shape
@@ -53,7 +54,7 @@ class GGUFTensorView:
     def _blocks(self, row_index: slice) -> np.ndarray:
         data = self.tensor.data
         if len(self.shape) == 1:
-            return np.asarray(data)
+            return np.asarray(data)  # [1, bytes]: the whole tensor
         if self.rows is None:
             return np.asarray(data[row_index])
         return np.asarray(data[self.rows[row_index]])  # fancy indexing reads only these rows
@@ -62,8 +63,7 @@ class GGUFTensorView:
         from gguf.quants import dequantize
 
         values = dequantize(blocks, self.tensor.tensor_type).astype(np.float32, copy=False)
-        if len(self.shape) == 2:
-            values = values.reshape(blocks.shape[0], self.shape[1])
+        values = values.reshape(self.shape) if len(self.shape) == 1 else values.reshape(len(blocks), -1)
         return values - 1.0 if self.minus_one else values
 
 
@@ -81,17 +81,15 @@ class GGUFCheckpoint:
     """HF tensor name -> the file's tensor. Opening reads only metadata and the tensor directory."""
 
     def __init__(self, path: str | Path) -> None:
-        from gguf import GGUFReader
-
         self.model_dir = Path(path)  # named so for engine/checkpoint.py's messages
-        self.reader = GGUFReader(str(path))
-        self.fields = Fields(self.reader)
+        self.file = GGUFFile(path)
+        self.fields = Fields(self.file.fields)
         self.architecture = self.fields.architecture
-        by_name = {t.name: t for t in self.reader.tensors}
+        by_name = {t.name: t for t in self.file.tensors}
         embed = by_name.get("token_embd.weight")
         if embed is None:
             raise UnsupportedModelError(f"{path}: no token_embd.weight tensor")
-        self.config = hf_config(self.fields, set(by_name), int(embed.shape[-1]))
+        self.config = hf_config(self.fields, set(by_name), embed.shape[0])
         self._views: dict[str, GGUFTensorView] = {}
         self._stored: dict[str, str] = {}
         for name, tensor in by_name.items():
@@ -104,17 +102,17 @@ class GGUFCheckpoint:
             self._views[hf] = self._view(hf, tensor)
             self._stored[hf] = name
 
-    def _view(self, hf: str, tensor: Any) -> GGUFTensorView:
+    def _view(self, hf: str, tensor: GGUFTensor) -> GGUFTensorView:
         cfg = self.config
         heads = permuted_heads(hf, self.architecture, cfg["num_attention_heads"], cfg["num_key_value_heads"])
-        rows = None if heads is None else hf_row_order(int(tensor.shape[-1]), heads)
+        rows = None if heads is None else hf_row_order(tensor.shape[0], heads)
         return GGUFTensorView(tensor, rows, is_gemma_norm(hf, self.architecture))
 
     def __enter__(self) -> GGUFCheckpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass  # the memory map closes with the reader
+        pass  # the memory map closes when the last view of it goes
 
     def __contains__(self, name: str) -> bool:
         return name in self._views
@@ -135,10 +133,7 @@ class GGUFCheckpoint:
         view = self._views[name]
         if len(view.shape) != 2:
             raise ValueError(f"{name} is not a 2-D weight (shape {view.shape})")
-        blocks = view.raw_rows(slice(None))
-        if blocks.dtype != np.uint8:  # F32 / F16 tensors come back as their floats: give their bytes
-            blocks = np.ascontiguousarray(blocks).view(np.uint8)
-        return view.tensor.tensor_type, blocks, (view.shape[0], view.shape[1])
+        return view.tensor.tensor_type, view.raw_rows(slice(None)), (view.shape[0], view.shape[1])
 
 
 _CHECKED: dict[int, bool] = {}

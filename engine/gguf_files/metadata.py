@@ -27,18 +27,18 @@ GEMMA2_27B_LAYERS = 46
 
 
 class Fields:
-    """Typed reads of a GGUFReader's fields; `arch(key)` reads `<general.architecture>.<key>`."""
+    """Reads of a GGUF file's metadata (reader.py's `fields`); `arch(key)` reads `<general.architecture>.<key>`."""
 
-    def __init__(self, reader: Any) -> None:
-        self.reader = reader
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
         self.architecture = str(self.get("general.architecture"))
 
     def has(self, key: str) -> bool:
-        return key in self.reader.fields
+        return key in self.fields
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        value = self.fields.get(key)
+        return default if value is None else value
 
     def arch(self, key: str, default: Any = None) -> Any:
         return self.get(f"{self.architecture}.{key}", default)

@@ -79,7 +79,7 @@ def test_the_llama_q_and_k_rows_are_unpermuted(tiny_gguf):
     folder, path = tiny_gguf("llama")
     ckpt = GGUFCheckpoint(path)
     name = "model.layers.0.self_attn.q_proj.weight"
-    stored = torch.from_numpy(np.array(ckpt.slice(name).tensor.data))
+    stored = torch.from_numpy(np.array(ckpt.slice(name).tensor.data).view(np.float32))
     assert not torch.equal(stored, _source(folder)[name])
     assert torch.equal(ckpt.slice(name)[:], _source(folder)[name])
 
@@ -123,3 +123,29 @@ def test_plan_reads_a_gguf_file_as_its_source_folder(tiny_gguf, arch):
 
     folder, path = tiny_gguf(arch)
     assert plan(path, 1 << 30, max_model_len=256) == plan(folder, 1 << 30, max_model_len=256)
+
+
+@pytest.mark.parametrize(("arch", "qtype"), [("llama", "Q8_0"), ("gemma2", "F16")])
+def test_the_fast_reader_agrees_with_gguf_s_own(tiny_gguf, arch, qtype):
+    from gguf import GGUFReader
+
+    from engine.gguf_files.reader import LONG_ARRAY, GGUFFile
+
+    _, path = tiny_gguf(arch, qtype)
+    theirs, ours = GGUFReader(str(path)), GGUFFile(path)
+    for key, field in theirs.fields.items():
+        if key.startswith("GGUF."):  # the header's own numbers, not metadata
+            continue
+        value = field.contents()
+        expected = None if isinstance(value, list) and len(value) > LONG_ARRAY else value
+        assert (
+            ours.fields[key] == pytest.approx(expected)
+            if isinstance(value, float)
+            else ours.fields[key] == expected
+        ), key
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, other in zip(ours.tensors, theirs.tensors, strict=True):
+        assert mine.tensor_type == other.tensor_type and mine.shape == tuple(reversed(other.shape.tolist()))
+        assert np.array_equal(mine.data.reshape(-1), np.asarray(other.data).view(np.uint8).reshape(-1)), (
+            mine.name
+        )
