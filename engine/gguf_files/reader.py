@@ -60,7 +60,7 @@ class GGUFFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        buf = memoryview(self.map)
+        buf = memoryview(self.map.data)  # the mapped bytes, for struct
         if bytes(buf[:4]) != MAGIC:
             raise UnsupportedModelError(f"{path}: not a GGUF file (no GGUF magic)")
         version, n_tensors, n_fields = struct.unpack_from("<IQQ", buf, 4)
