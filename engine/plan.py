@@ -1,4 +1,5 @@
-"""Back-of-the-envelope capacity plan from config.json alone: weights, KV per token, blocks, concurrency.
+"""Back-of-the-envelope capacity plan from config.json alone (or a GGUF file's metadata): weights, KV per
+token, blocks, concurrency.
 It parses config.json with the engine's ModelArgs (the Llama family) or transformers (every other family,
 engine/models/generic/shape.py) and sizes KV with engine/kv_cache.py's formula.
 
@@ -108,7 +109,7 @@ def plan(
     tensor_parallel_size: int = 1,
 ) -> Plan:
     path = Path(config_path_or_dir)
-    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    cfg = _read_config(path)
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
@@ -203,3 +204,14 @@ def format_plan(p: Plan) -> str:
         capped = f" (the scheduler runs at most max_num_seqs={p.max_num_seqs})" if k > p.max_num_seqs else ""
         lines.append(f"sequences of {n:>6} tokens at once: {k}{capped}")
     return "\n".join(lines)
+
+
+def _read_config(path: Path) -> dict:
+    """config.json (a folder or the file itself), or a GGUF file's metadata read as one."""
+    from engine.gguf_files import is_gguf
+
+    if is_gguf(path):
+        from engine.gguf_files.checkpoint import GGUFCheckpoint
+
+        return GGUFCheckpoint(path).config
+    return dict(json.loads((path / "config.json" if path.is_dir() else path).read_text()))

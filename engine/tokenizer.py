@@ -13,9 +13,16 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from engine.gguf_files import is_gguf
+
 
 def load_tokenizer(model_dir: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """From the checkpoint folder, or from a GGUF file's metadata (built once, then cached)."""
     try:
+        if is_gguf(model_dir):
+            from engine.gguf_files.tokenizer import load_gguf_tokenizer
+
+            return load_gguf_tokenizer(model_dir)
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     except Exception as e:
         raise FileNotFoundError(

@@ -130,10 +130,13 @@ EVENT_FIELD = b"event"
 
 
 def group_name(model: str) -> str:
-    """One consumer group per model: a local folder's name, or a hub id with '/' written as '--'."""
+    """One consumer group per model: a local folder's name, a local file's name less its suffix (a .gguf
+    file), or a hub id with '/' written as '--'."""
     import os
 
     path = model.rstrip("/")
+    if os.path.isfile(path):
+        return os.path.splitext(os.path.basename(path))[0]
     return os.path.basename(path) if os.path.isdir(path) else path.replace("/", "--")
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from engine.checkpoint import Checkpoint
+    from engine.checkpoint import TensorSource
 
 
 class SliceSource(Protocol):
@@ -89,7 +89,7 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 def load_parameters(
     model: nn.Module,
-    ckpt: Checkpoint,
+    ckpt: TensorSource,
     place: Callable[[str], tuple[str, str | None] | None],
     parts: Callable[[str], tuple[str | None, ...]] = lambda name: (None,),
 ) -> set[str]:

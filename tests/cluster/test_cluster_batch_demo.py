@@ -65,7 +65,7 @@ def test_demo_on_the_cluster(cluster, client, monkeypatch, tmp_path):
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
     jobs, shards = 3, 4
     assert len({choose_shard(demo_job(k), shards) for k in range(jobs)}) > 1  # the demo's jobs span shards
-    args = ["demo", "--cluster", "--shards", str(shards), "--redis-url", cluster.url]
+    args = ["demo", "--model", "tiny", "--cluster", "--shards", str(shards), "--redis-url", cluster.url]
     run = CliRunner().invoke(main, [*args, "--jobs", str(jobs), "--max-tokens", "6", "--replicas", "1"])
     assert run.exit_code == 0, run.output
     assert "using the Redis Cluster" in run.output
@@ -96,7 +96,7 @@ def test_demo_starts_its_own_cluster_when_none_answers(monkeypatch, tmp_path):
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
     url = f"redis://127.0.0.1:{local_redis.free_port()}"  # nothing listens there
     run = CliRunner().invoke(
-        main, ["demo", "--cluster", "--redis-url", url, "--jobs", "2", "--max-tokens", "4"]
+        main, ["demo", "--model", "tiny", "--cluster", "--redis-url", url, "--jobs", "2", "--max-tokens", "4"]
     )
     assert run.exit_code == 0, run.output
     # Its 8 shards were spread 3/3/2 over the 3 masters, not left 2/2/4 as the slot ranges put them.

@@ -1,8 +1,9 @@
-"""`conveyor demo`: one whole local round with no internet and no Docker.
+"""`conveyor demo`: one whole local round with no Docker (and, with `--model tiny`, no internet).
 
-Makes the tiny model in the cache folder, uses the redis-server answering at the URL or starts one
-(with --cluster: the Redis Cluster there, or a local 3-master one), runs a worker on a thread, enqueues a few jobs and prints their tokens side by side as they arrive
-(one column per job), then a throughput line.
+Fetches the built-in real model once (or, with `--model tiny`, makes the tiny random one) in the cache folder,
+uses the redis-server answering at the URL or starts one (with --cluster: the Redis Cluster there, or a local
+3-master one), runs a worker on a thread, enqueues a few jobs (chat questions for a real model) and prints
+their tokens side by side as they arrive (one column per job), then a throughput line.
 """
 
 from __future__ import annotations
@@ -29,12 +30,19 @@ from worker.connection import connect
 from worker.job_queue import Cursor, JobQueue, ShardedQueue, SingleQueue, read_outputs
 from worker.keys import EVENT_FIELD, Keys
 
-PROMPTS = [
+PROMPTS = [  # for the tiny random model: completed, not answered
     "Once upon a time",
     "The quick brown fox",
     "Redis streams are",
     "In a galaxy far away",
     "def main():",
+]
+QUESTIONS = [  # for a real (chat) model: asked as chat messages
+    "What is the capital of France?",
+    "Give me three tips for sleeping well.",
+    "Write a haiku about the sea.",
+    "What is a prime number?",
+    "Why is the sky blue?",
 ]
 
 
@@ -42,7 +50,7 @@ def run_demo(
     redis_url: str,
     jobs: int,
     max_tokens: int,
-    arch: str,
+    model: str,
     cluster: bool = False,
     shards: int | None = None,
     replicas: int = 0,
@@ -55,8 +63,9 @@ def run_demo(
 
     logs.configure("warning", json=False)  # the columns are the show; warnings still appear
 
-    click.echo(f"model: tiny {arch} (made on first use under the cache folder)")
-    model = resolve_model(f"tiny:{arch}")
+    tiny = model.startswith("tiny")
+    click.echo(f"model: {model} ({'made' if tiny else 'fetched'} on first use under the cache folder)")
+    model = resolve_model(model)
     prefix = f"conveyor-demo-{int(time.time())}"
     engine = LLMEngine(model, num_kv_blocks=512, max_num_seqs=16)
     with ExitStack() as stack:
@@ -77,8 +86,12 @@ def run_demo(
         start = time.perf_counter()
         cursors = {}
         for k, job_id in enumerate(ids):
-            prompt = PROMPTS[k % len(PROMPTS)]
-            job = {"id": job_id, "prompt": prompt, "max_tokens": max_tokens, "seed": k, "temperature": 0.8}
+            job: dict[str, Any] = {"id": job_id, "max_tokens": max_tokens, "seed": k, "temperature": 0.8}
+            if tiny:
+                job["prompt"] = PROMPTS[k % len(PROMPTS)]
+            else:  # greedy: a small model answers best at temperature 0
+                job["messages"] = [{"role": "user", "content": QUESTIONS[k % len(QUESTIONS)]}]
+                job["temperature"] = 0.0
             shard = queue.submit(job)
             cursors[queue.keys(shard).out(job_id)] = Cursor(shard)
         texts, tokens = _stream_side_by_side(queue, cursors, ids)

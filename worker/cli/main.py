@@ -173,6 +173,7 @@ def worker(**kw: Any) -> None:
     from engine import LLMEngine
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
+    from worker.cli.builtin_models import BUILTIN
     from worker.cli.preflight import (
         PreflightError,
         check_eviction_policy,
@@ -220,14 +221,16 @@ def worker(**kw: Any) -> None:
         raise click.ClickException(str(exc)) from exc
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
-    model = resolve_model(engine_kw.pop("model"))
+    named = engine_kw.pop("model")
+    model = resolve_model(named)
+    name = named if named in BUILTIN else model  # a built-in model is served under its short name
     if threads := kw.pop("torch_threads"):
         import torch
 
         torch.set_num_threads(threads)
     engine = LLMEngine(model, **engine_kw)
     cfg = WorkerConfig(
-        group=kw["group"] or group_name(model),
+        group=kw["group"] or group_name(name),
         keys=Keys(**pop_config_kwargs(Keys, kw)),
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
@@ -246,7 +249,7 @@ def worker(**kw: Any) -> None:
     else:
         w = Worker(engine, client, cfg)
     w.metrics.serve(kw["metrics_port"])
-    heartbeat = registry_heartbeat(client, cfg, engine, model, w)
+    heartbeat = registry_heartbeat(client, cfg, engine, name, w)
     w.observer.heartbeat = heartbeat
     if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
         from worker.fleet.home_watch import use_home_shards
@@ -408,16 +411,31 @@ def submit(
 )
 @opt("--jobs", type=int, default=4)
 @opt("--max-tokens", type=int, default=48)
-@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0])
+@opt(
+    "--model",
+    default="smollm2-135m-instruct",
+    help="a built-in model's short name (fetched once), a .gguf file or checkpoint folder, or `tiny` "
+    "(a small random model, no download)",
+)
+@opt("--arch", type=click.Choice(TINY_ARCHS), default=TINY_ARCHS[0], help="the tiny model's architecture")
 @cluster_client_options
 def demo(
-    redis_url: str, jobs: int, max_tokens: int, arch: str, cluster: bool, shards: int, replicas: int
+    redis_url: str,
+    jobs: int,
+    max_tokens: int,
+    model: str,
+    arch: str,
+    cluster: bool,
+    shards: int,
+    replicas: int,
 ) -> None:
-    """A whole local round: tiny model, redis-server, a worker, a few jobs streamed side by side (with
-    --cluster: a Redis Cluster's node at the URL, or a local 3-master cluster started for it)."""
+    """A whole local round: a real model (or --model tiny), redis-server, a worker, a few jobs streamed side by
+    side (with --cluster: a Redis Cluster's node at the URL, or a local 3-master cluster started for it)."""
     from worker.cli.demo import run_demo
 
-    run_demo(redis_url, jobs, max_tokens, arch, cluster=cluster, shards=shards, replicas=replicas)
+    if model == "tiny":
+        model = f"tiny:{arch}"
+    run_demo(redis_url, jobs, max_tokens, model, cluster=cluster, shards=shards, replicas=replicas)
 
 
 @main.command("make-tiny-model")
@@ -444,7 +462,7 @@ def _size_option(ctx, param, value):
 
 
 @main.command("plan")
-@click.option("--model", required=True, help="checkpoint folder or its config.json")
+@click.option("--model", required=True, help="checkpoint folder, its config.json, or a .gguf file")
 @click.option("--memory", required=True, callback=_size_option, help="e.g. 80GiB, 512MiB")
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--dtype", type=click.Choice(PLAN_DTYPES), default="bfloat16", show_default=True)

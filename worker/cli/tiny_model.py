@@ -4,20 +4,21 @@ checkpoint made on first use in a cache folder, so the worker runs anywhere with
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from engine.cache_dir import cache_dir
 from engine.models.registry import TINY_ARCHS
 
 ARCHS = TINY_ARCHS
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("CONVEYOR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "conveyor")
-    return Path(root)
-
-
 def resolve_model(model: str) -> str:
-    """A folder or hub id passes through; `tiny[:arch]` becomes the cached tiny checkpoint (made if missing)."""
+    """A folder, a .gguf file or a hub id passes through; a built-in real model's short name becomes its GGUF
+    file (fetched if missing, worker/cli/builtin_models.py); `tiny[:arch]` becomes the cached tiny checkpoint
+    (made if missing)."""
+    from worker.cli.builtin_models import BUILTIN, fetch
+
+    if model in BUILTIN:
+        return str(fetch(model))
     if model != "tiny" and not model.startswith("tiny:"):
         return model
     arch = model.partition(":")[2] or "llama"

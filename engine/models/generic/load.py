@@ -15,7 +15,7 @@ forward, once as base model + `head_logits`. The first checks every layer called
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,16 +33,23 @@ from engine.models.generic.attention import (
 from engine.models.generic.checks import refuse, refuse_config, refuse_probe
 from engine.models.generic.model import TransformersCausalLM, head_logits
 
+if TYPE_CHECKING:
+    from engine.gguf_files.checkpoint import GGUFCheckpoint
+
 PROBE_TOKENS = 6
 
 
-def read_config(model_dir: Path) -> Any:
+def read_config(source: Path | GGUFCheckpoint) -> Any:
+    """The folder's config.json, or a GGUF file's metadata read as one (engine/gguf_files/metadata.py)."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(model_dir))
+        if isinstance(source, Path):
+            return AutoConfig.from_pretrained(str(source))
+        fields = dict(source.config)
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
     except (ValueError, KeyError) as e:  # a model_type this transformers does not know
-        raise UnsupportedModelError(f"{model_dir}: transformers cannot read this config ({e})") from e
+        raise UnsupportedModelError(f"{source}: transformers cannot read this config ({e})") from e
 
 
 def causal_lm_class(config: Any) -> Any:
@@ -62,25 +69,26 @@ def causal_lm_class(config: Any) -> Any:
 
 
 def load_transformers_model(
-    model_dir: Path, torch_dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
+    source: Path | GGUFCheckpoint, torch_dtype: torch.dtype, device: torch.device, tp: TPGroup | None = None
 ) -> tuple[TransformersCausalLM, ProbeCall]:
     """Returns the wrapped model in eval mode (attn_backend not set) and one probe call (the KV shapes; under
-    tensor parallelism this rank's heads and KV heads, which size its KV pool)."""
+    tensor parallelism this rank's heads and KV heads, which size its KV pool). `source`: a checkpoint
+    folder, or an open GGUF file (read, like a sharded load, through its lazy tensor views)."""
     tp = tp or TPGroup.single()
-    config = read_config(model_dir)
+    config = read_config(source)
     refuse_config(config)
     cls = causal_lm_class(config)
     register()
-    if tp.size > 1:
+    if tp.size > 1 or not isinstance(source, Path):
         from engine.models.generic.tp_load import load_shard
         from engine.models.generic.tp_shard import check_splits
 
         check_splits(config, tp.size)  # before any weight is read
-        hf = load_shard(model_dir, cls, config, torch_dtype, device, tp)
+        hf = load_shard(source, cls, config, torch_dtype, device, tp)
     else:
         from engine.models.generic.tp_shard import whole_head
 
-        hf = _from_pretrained(model_dir, cls, torch_dtype).to(device).eval()
+        hf = _from_pretrained(source, cls, torch_dtype).to(device).eval()
         whole_head(hf)  # the same head type on every path: one F.linear, or sliced on the CPU
     calls = probe(hf)
     if tp.size > 1:

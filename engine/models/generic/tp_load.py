@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.conversion_mapping import get_model_conversion_mapping
@@ -25,18 +25,29 @@ from engine.models.generic.attention import ATTN_IMPLEMENTATION
 from engine.models.generic.checks import refuse
 from engine.models.generic.tp_shard import shard_modules
 
+if TYPE_CHECKING:
+    from engine.checkpoint import TensorSource
+    from engine.gguf_files.checkpoint import GGUFCheckpoint
+
 
 def load_shard(
-    model_dir: Path, cls: Any, config: Any, dtype: torch.dtype, device: torch.device, group: TPGroup
+    source: Path | GGUFCheckpoint,
+    cls: Any,
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    group: TPGroup,
 ) -> Any:
-    """The causal LM `cls` with this rank's shard of the weights in `model_dir`, in eval mode."""
+    """The causal LM `cls` with this rank's shard of the weights in `source` (a checkpoint folder, or an open
+    GGUF file, whose tensors already carry HF names), in eval mode."""
     with torch.device("meta"):
         hf = cls._from_config(config, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     _fill_buffers(hf, device)
     shard_modules(hf, group)
     materialize(hf, device)
     params = dict(hf.named_parameters(remove_duplicate=False))
-    with Checkpoint(model_dir, checkpoint_names(hf)) as ckpt:
+    opened: TensorSource = Checkpoint(source, checkpoint_names(hf)) if isinstance(source, Path) else source
+    with opened as ckpt:
         used = load_parameters(hf, ckpt, lambda name: (name, None) if name in params else None)
         _load_buffers(hf, ckpt, set(ckpt.names) - used, device)
     return hf.eval()
@@ -72,7 +83,7 @@ def _fill_buffers(hf: Any, device: torch.device) -> None:
     hf.initialize_weights()
 
 
-def _load_buffers(hf: Any, ckpt: Checkpoint, names: set[str], device: torch.device) -> None:
+def _load_buffers(hf: Any, ckpt: TensorSource, names: set[str], device: torch.device) -> None:
     """Persistent buffers the checkpoint holds, read whole (their init values otherwise)."""
     buffers = set(hf.state_dict(keep_vars=True)) - set(dict(hf.named_parameters(remove_duplicate=False)))
     for name in sorted(buffers & names):

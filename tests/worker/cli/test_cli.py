@@ -116,7 +116,7 @@ def test_demo_runs_a_whole_round(tmp_path, tiny_model):
         pytest.skip("redis-server is not installed")
     port = local_redis.free_port()  # nothing answers there: the demo starts its own server
     env = {**os.environ, "CONVEYOR_CACHE": str(tmp_path / "cache")}
-    args = [sys.executable, "-m", "worker.cli", "demo", "--jobs", "2", "--max-tokens", "8"]
+    args = [sys.executable, "-m", "worker.cli", "demo", "--model", "tiny", "--jobs", "2", "--max-tokens", "8"]
     done = subprocess.run(
         [*args, "--redis-url", f"redis://127.0.0.1:{port}/0"],
         cwd=ROOT,

