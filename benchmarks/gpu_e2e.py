@@ -74,6 +74,7 @@ def engine(model: Path, mode: str, a: argparse.Namespace, batch: int, longest: i
         max_num_batched_tokens=4096,
         num_kv_blocks=blocks,
         **MODES[mode],
+        **({"tensor_parallel_size": a.tensor_parallel_size} if a.tensor_parallel_size > 1 else {}),
     )
 
 
@@ -215,6 +216,7 @@ def main() -> None:
     p.add_argument("--min-prompt", type=int, default=128)
     p.add_argument("--max-prompt", type=int, default=1024)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--dry-run", action="store_true", help="CPU, fp32, Triton interpreter, tiny sizes")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()

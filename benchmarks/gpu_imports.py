@@ -1,7 +1,7 @@
 """The GPU check's imports step: every module of engine/, kernels/ and worker/ imports, with exactly the
 packages that machine has plus the carried wheels; and what the environment is (environment.json).
 
-    python benchmarks/gpu_imports.py WORK/environment.json [--dry-run]
+    python -m benchmarks.gpu_imports WORK/environment.json [--dry-run]   # from the repository root
 
 `__main__` modules are not imported: importing one runs its program (worker/cli/__main__.py runs the CLI
 on this script's arguments and exits). Every other module's failure, SystemExit included, is caught and
