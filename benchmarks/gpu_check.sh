@@ -11,7 +11,8 @@
 # hypothesis and pytest-timeout (benchmarks/gpu_machine_packages.txt), no package registry, and not all of
 # our dependencies. Steps, in order (docs/kernels.md, "The GPU check"); correctness before speed, so a run
 # cut short keeps the most valuable answers:
-#   wheels        every pin of benchmarks/gpu_wheels.txt has its wheel in $GPU_CHECK_WHEELS (.whl/)
+#   wheels        every pin of benchmarks/gpu_wheels.txt has its wheel in $GPU_CHECK_WHEELS (.whl/), and
+#                 every wheel's own needs are pinned or on the machine (benchmarks/gpu_wheels_check.py)
 #   install       those wheels, and nothing else, into a scratch site (pip --no-index --no-deps --target),
 #                 put on PYTHONPATH; the machine's own torch and triton are used
 #   imports       every module of engine/, kernels/ and worker/ imports (benchmarks/gpu_imports.py)
@@ -99,20 +100,7 @@ finish() { # summary.json (every figure) and the tarball into $OUT; exit 1 unles
 }
 
 # --- wheels and install: nothing below may reach a registry ---
-step wheels 10 "$PY" - "$WHEELS" <<'PY' || finish
-import re, sys
-from pathlib import Path
-wheels = Path(sys.argv[1])
-norm = lambda s: re.sub(r"[-_.]+", "_", s).lower()
-pins = [l.strip() for l in Path("benchmarks/gpu_wheels.txt").read_text().splitlines()
-        if l.strip() and not l.lstrip().startswith("#")]
-have = {norm(w.name.split("-")[0]) + "-" + w.name.split("-")[1] for w in wheels.glob("*.whl")}
-missing = [p for p in pins if norm(p.split("==")[0]) + "-" + p.split("==")[1] not in have]
-print(f"{len(pins)} pins, {len(have)} wheels in {wheels}/")
-if missing:
-    sys.exit(f"no wheel in {wheels}/ for {missing}: run `bash benchmarks/gpu_wheels.sh` on a machine with a "
-             "registry and carry .whl")
-PY
+step wheels 20 "$PY" -m benchmarks.gpu_wheels_check "$WHEELS" || finish
 step install 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$WHEELS"/*.whl || finish
 export PYTHONPATH="$PWD:$SITE"

@@ -92,12 +92,18 @@ def batch_throughput(
     net, prompts: list[list[int]], new_tokens: int, batch: int, block_size: int = 256
 ) -> dict:
     """transformers' continuous batching (`generate_batch`) with a paged cache sized for the batch."""
+    import inspect
+
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     longest = max(map(len, prompts)) + new_tokens
     blocks = batch * -(-longest // block_size) + 8
+    # transformers 5.17 (the GPU machine's) names the page size block_size; later ones page_size.
+    size = (
+        "page_size" if "page_size" in inspect.signature(ContinuousBatchingConfig).parameters else "block_size"
+    )
     cb = ContinuousBatchingConfig(
-        page_size=block_size,
+        **{size: block_size},
         num_blocks=blocks,
         max_batch_tokens=4096,
         allow_block_sharing=False,
