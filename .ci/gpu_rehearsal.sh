@@ -28,7 +28,8 @@ PACKAGES=(
 
 rm -rf "$VENV"
 python3 -m venv "$VENV" # no system site packages: only what is installed below
-"$VENV/bin/python" -m pip install -q "${PACKAGES[@]}"
+"$VENV/bin/python" -m pip install -q "${PACKAGES[@]}" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 "$VENV/bin/python" - benchmarks/gpu_machine_packages.txt <<'PY'
 import re, sys
 from importlib.metadata import distributions

@@ -155,7 +155,7 @@ elif ! "$PY" -c "import engine.gguf_files" 2>/dev/null; then
 elif ((DRY_RUN)); then
     skip tokens_real "dry run: its 30 layers under the interpreter take too long"
 else
-    step tokens_real 90 "$PY" benchmarks/gpu_e2e.py --part tokens --model "$GGUF" --out "$WORK/tokens_real.json"
+    step tokens_real 120 "$PY" benchmarks/gpu_e2e.py --part tokens --model "$GGUF" --out "$WORK/tokens_real.json"
 fi
 
 # --- speed, warm ---

@@ -73,6 +73,7 @@ def engine(model: Path, mode: str, a: argparse.Namespace, batch: int, longest: i
         max_num_seqs=batch,
         max_num_batched_tokens=4096,
         num_kv_blocks=blocks,
+        max_model_len=longest,  # the graphs' block tables and capture ladder as wide as this run needs
         **MODES[mode],
         **({"tensor_parallel_size": a.tensor_parallel_size} if a.tensor_parallel_size > 1 else {}),
     )
