@@ -26,6 +26,7 @@ and transformers on the same prompts and batch: `generate` (static batching, lef
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -77,6 +78,13 @@ def engine(model: Path, mode: str, a: argparse.Namespace, batch: int, longest: i
         **MODES[mode],
         **({"tensor_parallel_size": a.tensor_parallel_size} if a.tensor_parallel_size > 1 else {}),
     )
+
+
+def free_device_memory() -> None:
+    """After an engine is closed and dropped: its KV cache back to the device before the next one is built."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_batch(eng: LLMEngine, batch: list[list[int]], new_tokens: int, timing: dict | None = None) -> dict:
@@ -151,6 +159,8 @@ def part_tokens(model: Path, a: argparse.Namespace) -> dict:
             got = run_batch(eng, batch, a.check_tokens)
         finally:
             eng.close()
+        del eng
+        free_device_memory()
         rows = [hf_baselines.agrees(net, p, got.get(i, []), ref[i]) for i, p in enumerate(batch)]
         report[mode] = {
             "sequences": len(rows),
@@ -189,6 +199,8 @@ def part_speed(model: Path, a: argparse.Namespace) -> dict:
             timing["forward_ms"] = timer.mean_ms() if timer else None
         finally:
             eng.close()
+        del eng
+        free_device_memory()
         report[mode] = timing
         print(f"speed {mode}: {timing}")
     net = hf_baselines.load(model, a.torch_dtype, a.device)
