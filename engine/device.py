@@ -1,4 +1,8 @@
-"""The one place a device name ("auto", "cpu", "cuda", "cuda:1") becomes a torch.device."""
+"""The one place a device name ("auto", "cpu", "cuda", "cuda:1") becomes a torch.device.
+
+A CUDA device always comes back with an index: `torch.cuda.set_device` (DeviceBinding) rejects an unindexed
+`torch.device("cuda")` ("Expected a torch.device with a specified index"), so "cuda" and "auto" name the
+current device, as a tensor made with device="cuda" would."""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ import torch
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    if isinstance(name, torch.device):
-        return name
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but CUDA is not available")
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return device
 
 

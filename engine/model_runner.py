@@ -239,8 +239,10 @@ class ModelRunner:
             self.copy_blocks(inputs.block_copies)
             return None
         with torch.inference_mode():
-            if self.graphs is not None and self.graphs.can_replay(inputs.meta, inputs.input_ids):
-                hidden = self.graphs.replay(inputs.num_tokens)  # [T_bucket, hidden]
+            graphs = self.graphs
+            graph = graphs.find(inputs.meta, inputs.input_ids) if graphs is not None else None
+            if graphs is not None and graph is not None:
+                hidden = graphs.replay(graph)  # [T_bucket, hidden]
             else:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [T, H]
             # A collective under tensor parallelism: every rank calls it when there are sampled rows.

@@ -397,6 +397,34 @@ def plan_in_subprocess(
         return pool.submit(plan, shapes, archs).result()
 
 
+# Integer arguments whose value changes from one engine step to the next (block-table width, tiles walked,
+# split count). Triton specialises an integer equal to 1 or divisible by 16 into a different compile, so
+# unless a kernel marks these `do_not_specialize`, serving recompiles whenever they cross such a value.
+PER_STEP_ARGS = ("stride_bt", "max_tiles", "num_splits")
+
+
+def specialised_per_step(shape: Shape, arch: int = 90) -> dict[str, list[str]]:
+    """{kernel: the PER_STEP_ARGS whose value changes its compile input} over the launches of `shape`
+    (empty: one compile serves every step). Compiled mode only: run through `in_subprocess`."""
+    found: dict[str, set[str]] = {}
+    for launch in capture_launches(shape):
+        names = _jit_function(launch.module, launch.kernel).arg_names
+        base = compile_job(launch, arch)
+        for arg in (a for a in PER_STEP_ARGS if a in names):
+            i = names.index(arg)
+            for value in (1, 16, 17, 4096):
+                args = (*launch.args[:i], value, *launch.args[i + 1 :])
+                if compile_job(Launch(launch.module, launch.kernel, args, launch.kwargs), arch) != base:
+                    found.setdefault(launch.kernel, set()).add(arg)
+    return {kernel: sorted(args) for kernel, args in found.items()}
+
+
+def in_subprocess(fn, *args):
+    """fn(*args) in a fresh process that imports kernels/ in compiled mode (see plan_in_subprocess)."""
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_worker_init) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def run_jobs(jobs: list[CompileJob], workers: int = 1) -> list[Result]:
     """Compile in fresh processes: they import kernels/ in compiled mode (a parent running the Triton
     interpreter holds interpreted kernels, and any @triton.jit helper they call would be one too)."""

@@ -36,7 +36,9 @@ LOG2E = 1.4426950408889634
 LOOP_BOUND_FROM_ARG = interpreting()
 
 
-@triton.jit
+# Not specialised on the values that change per step (the block table's width, the interpreted loop's
+# bound): one compile serves every step (kernels/compile_check.py, PER_STEP_ARGS).
+@triton.jit(do_not_specialize=["stride_bt", "max_tiles"])
 def _paged_attention_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [num_blocks, BLOCK_N, Hkv, D]

@@ -54,8 +54,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(want, cap, MAX_SPLITS))
 
 
-# Not specialised on its value (1, multiples of 16): one compile serves every split count.
-@triton.jit(do_not_specialize=["max_tiles", "num_splits"])
+# Not specialised on the values that change per step (1, multiples of 16): one compile serves every split
+# count, block-table width and loop bound (kernels/compile_check.py, PER_STEP_ARGS).
+@triton.jit(do_not_specialize=["stride_bt", "max_tiles", "num_splits"])
 def _decode_partition_kernel(
     q_ptr,  # [S, Hq, D]
     k_cache_ptr,  # [num_blocks, BLOCK_N, Hkv, D]

@@ -43,10 +43,11 @@ class TritonAttentionBackend:
         query reads at most `window` keys, so the split is sized on that, not on the context length."""
         if not meta.is_decode_only:
             return 1
-        if self._num_sms_override is not None:
-            sms = self._num_sms_override
-        else:
-            sms = self._num_sms.setdefault(device, _num_sms(device))
+        sms = self._num_sms_override
+        if sms is None:
+            sms = self._num_sms.get(device)
+        if sms is None:  # once per device: this runs per layer per step (setdefault would look it up)
+            sms = self._num_sms[device] = _num_sms(device)
         keys = meta.max_seq_len if window is None else min(meta.max_seq_len, window)
         return choose_num_splits(meta.num_seqs, num_kv_heads, keys, sms)
 

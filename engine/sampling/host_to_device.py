@@ -14,7 +14,9 @@ import torch
 
 
 def to_device(
-    x: np.ndarray | Sequence[int] | Sequence[float], device: torch.device, dtype: torch.dtype | None = None
+    x: torch.Tensor | np.ndarray | Sequence[int] | Sequence[float],
+    device: torch.device,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     t = torch.as_tensor(x, dtype=dtype)
     if device.type != "cuda":

@@ -17,6 +17,7 @@ import torch
 
 from engine.request_state import SamplingRequest as Request
 from engine.sampler import SampledIds, SamplerResult, TokenSampler
+from engine.sampling.host_to_device import to_device
 
 # (row in the batch, its xgrammar.GrammarMatcher)
 MaskRows = list[tuple[int, Any]]
@@ -32,8 +33,8 @@ def apply_grammar_masks(logits: torch.Tensor, rows: MaskRows, vocab_size: int) -
     for i, matcher in rows:
         matcher.fill_next_token_bitmask(bitmask, i)
     indices = [i for i, _ in rows]
-    if logits.device.type != "cpu":
-        bitmask = bitmask.to(logits.device, non_blocking=True)
+    # From pinned memory: a non-blocking copy out of pageable memory would still wait for the queued forward.
+    bitmask = to_device(bitmask, logits.device)
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=indices)
     if logits.shape[1] > vocab_size:
         logits[indices, vocab_size:] = float("-inf")

@@ -1,5 +1,7 @@
 """cuda:N becomes the current device of the thread that loads and steps the model (Triton launches on the
-thread's current device). torch.cuda.set_device is a stand-in that records its calls and threads."""
+thread's current device). torch.cuda.set_device is a stand-in that records its calls and threads, after
+checking its argument exactly as the real one does first (torch.cuda._utils._get_device_index, in torch's
+Python layer, before any CUDA call): an unindexed torch.device("cuda") fails here as it would on a GPU."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ import threading
 
 import pytest
 import torch
+from torch.cuda._utils import _get_device_index
 
 import engine.llm_engine as llm_engine
 from engine.attention.torch_backend import TorchAttentionBackend
-from engine.device import DeviceBinding
+from engine.device import DeviceBinding, resolve_device
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -18,10 +21,44 @@ CUDA1 = torch.device("cuda", 1)
 @pytest.fixture
 def set_device_calls(monkeypatch) -> list[tuple[torch.device, int]]:
     calls: list[tuple[torch.device, int]] = []
-    monkeypatch.setattr(
-        torch.cuda, "set_device", lambda d: calls.append((torch.device(d), threading.get_ident()))
-    )
+
+    def set_device(d: torch.device) -> None:
+        index = _get_device_index(d)  # what torch.cuda.set_device runs before _cuda_setDevice(index)
+        calls.append((torch.device("cuda", index), threading.get_ident()))
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
     return calls
+
+
+@pytest.fixture
+def one_gpu(monkeypatch) -> None:
+    """CUDA is available, and the thread's current device is cuda:2 (as after torch.cuda.set_device(2))."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+
+
+@pytest.mark.parametrize("name", ["cuda", "auto", torch.device("cuda")])
+def test_cuda_and_auto_resolve_to_the_current_indexed_device(one_gpu, name):
+    device = resolve_device(name)
+    assert device == torch.device("cuda", 2)
+    assert _get_device_index(device) == 2  # accepted by torch.cuda.set_device
+
+
+def test_an_explicit_index_is_kept(one_gpu):
+    assert resolve_device("cuda:1") == CUDA1
+
+
+def test_auto_is_the_cpu_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
+@pytest.mark.parametrize("name", ["cuda", "auto"])
+def test_binding_a_resolved_cuda_device_passes_set_devices_check(one_gpu, set_device_calls, name):
+    DeviceBinding(resolve_device(name)).bind()
+    assert [d for d, _ in set_device_calls] == [torch.device("cuda", 2)]
 
 
 def test_engine_sets_cuda_1_on_its_own_thread_before_loading(monkeypatch, set_device_calls, tiny_model):

@@ -151,3 +151,9 @@ def test_capture_refuses_the_interpreter():
     """Under TRITON_INTERPRET=1 the launchers choose fp32 dots and host loop bounds: not a GPU's launches."""
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         cc.capture_launches(cc.SWEEP_BASE)
+
+
+def test_per_step_integers_do_not_recompile():
+    """Block-table width, tiles walked and split count change every step: no kernel specialises on them
+    (Triton would compile again for each value equal to 1 or divisible by 16 it has not seen)."""
+    assert cc.in_subprocess(cc.specialised_per_step, cc.SWEEP_BASE, 90) == {}

@@ -87,3 +87,16 @@ def test_agrees_with_torch_backend():
     a = ours.forward(query, key, value, batch.k_cache, batch.v_cache, meta, 0.125)[:real]
     b = theirs.forward(query, key, value, k2, v2, meta, 0.125)[:real]
     assert_close(a, b)
+
+
+def test_sm_count_is_looked_up_once_per_device(monkeypatch):
+    """num_splits runs per layer per step: the device's SM count is read once, not on every call."""
+    from engine.attention import triton_backend
+
+    lookups: list[torch.device] = []
+    monkeypatch.setattr(triton_backend, "_num_sms", lambda device: lookups.append(device) or 8)
+    _, _, _, _, meta = _step([1, 1], [40, 70], torch.float32)
+    backend = TritonAttentionBackend()
+    for _ in range(3):
+        backend.num_splits(meta, 2, torch.device("cpu"))
+    assert lookups == [torch.device("cpu")]

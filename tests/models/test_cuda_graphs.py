@@ -120,7 +120,7 @@ def test_cuda_graph_capture_and_replay_with_stand_ins(tiny_model_dir, monkeypatc
         enable_cuda_graphs=True,
     )  # fmt: skip
     graphs = graphed.graphs.graphs
-    assert sorted(graphs) == [1, 2, 4, 8]
+    assert sorted(graphs) == [(1, ()), (2, ()), (4, ()), (8, ())]  # the torch backend never splits
     assert pools[0] is None and len(set(pools[1:])) == 1  # largest first; the others share its pool
     assert graphed.batch.buffers.frozen
 
@@ -133,7 +133,7 @@ def test_cuda_graph_capture_and_replay_with_stand_ins(tiny_model_dir, monkeypatc
 
     graphed.prepare = spy
     buf = graphed.batch.buffers
-    for b, (graph, out) in graphs.items():
+    for (b, _), (graph, out) in graphs.items():
 
         def run(b=b, out=out):
             ids, pos, meta = last["step"][:3]
@@ -143,7 +143,7 @@ def test_cuda_graph_capture_and_replay_with_stand_ins(tiny_model_dir, monkeypatc
         graph.run = run
     a, b = _steps(_prompts(3, spec.vocab_size), [eager, graphed], num_decodes=5)
     assert a == b
-    assert graphs[4][0].replays == 5  # the 5 decode steps of 3 sequences; the prefill step ran eagerly
+    assert graphs[4, ()][0].replays == 5  # the 5 decode steps of 3 sequences; the prefill step ran eagerly
     assert sum(g.replays for g, _ in graphs.values()) == 5
 
 
@@ -157,3 +157,63 @@ def test_cuda_graphs_are_refused_off_cuda(tiny_model_dir):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA device"):
             LLMEngine(str(tiny_model_dir("llama")), enable_cuda_graphs=True)
+
+
+class _SplittingBackend:
+    """The torch backend's attention with the Triton backend's split-KV choice (64 "SMs"), recording the
+    split count each forward would use: a graph must split as an eager step of the same context does."""
+
+    def __init__(self) -> None:
+        from engine.attention.torch_backend import TorchAttentionBackend
+        from engine.attention.triton_backend import TritonAttentionBackend
+
+        self.torch, self.triton = TorchAttentionBackend(), TritonAttentionBackend(num_sms=64)
+        self.name, self.seen = "torch", []
+
+    def num_splits(self, *args, **kwargs) -> int:
+        return self.triton.num_splits(*args, **kwargs)
+
+    def write_kv(self, *args, **kwargs) -> None:
+        self.torch.write_kv(*args, **kwargs)
+
+    def forward(self, query, key, value, k_cache, v_cache, meta, scale, *, window=None, **kw):
+        self.seen.append(self.num_splits(meta, k_cache.shape[2], query.device, window))
+        return self.torch.forward(query, key, value, k_cache, v_cache, meta, scale, window=window, **kw)
+
+
+def test_a_replayed_graph_splits_as_the_eager_step_would(tiny_model_dir, monkeypatch):
+    """Short contexts split once eagerly; a graph captured for max_model_len would bake in 8 splits."""
+    captured_splits: dict[int, int] = {}
+    backend = _SplittingBackend()
+
+    @contextmanager
+    def fake_graph(graph, pool=None):
+        backend.seen.clear()
+        yield
+        captured_splits[id(graph)] = backend.seen[0]
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    model, spec = load_model(tiny_model_dir("llama"))
+    model.attn_backend = backend
+    graphed = ModelRunner(
+        model, spec, 256, BS, "cpu", sampler=GreedySampler(), max_num_seqs=8, max_model_len=4096,
+        enable_cuda_graphs=True,
+    )  # fmt: skip
+    replayed: list[tuple[int, int]] = []
+    prepare = graphed.prepare
+
+    def spy(*args):
+        step = prepare(*args)
+        ids, _, meta = step[:3]
+        eager = backend.num_splits(meta, graphed.kv_caches[0][0].shape[2], ids.device, None)
+        for graph, out in graphed.graphs.graphs.values():
+            graph.run = lambda graph=graph, out=out, eager=eager: replayed.append(
+                (captured_splits[id(graph)], eager)
+            )
+        return step
+
+    graphed.prepare = spy
+    _steps(_prompts(3, spec.vocab_size), [graphed], num_decodes=3)
+    assert len(replayed) == 3  # every decode step replayed a graph
+    assert all(graph == eager for graph, eager in replayed), replayed
