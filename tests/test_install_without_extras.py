@@ -91,4 +91,5 @@ def test_the_worker_serves_without_triton_and_xgrammar(tiny_model_dir, redis_ser
     got = _run(WORKER, ("ends",), MODEL=str(tiny_model_dir("llama")), URL=redis_server.url)
     plain, constrained = got["ends"]["plain"], got["ends"]["json"]
     assert plain["type"] == "done" and plain["usage"]["completion_tokens"] == 4, plain
-    assert constrained["type"] == "error" and NOT_INSTALLED in constrained["message"], constrained
+    assert constrained["type"] == "error" and constrained["code"] == "invalid_params", constrained
+    assert NOT_INSTALLED in constrained["message"], constrained
