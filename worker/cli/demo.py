@@ -56,9 +56,8 @@ def run_demo(
 
     logs.configure("warning", json=False)  # the columns are the show; warnings still appear
 
-    spec = f"tiny:{arch}"
-    click.echo(model_line(spec))
-    model = resolve_model(spec)
+    click.echo(model_line(f"tiny:{arch}"))
+    model = resolve_model(f"tiny:{arch}")
     prefix = f"conveyor-demo-{int(time.time())}"
     engine = LLMEngine(model, num_kv_blocks=512, max_num_seqs=16)
     with ExitStack() as stack:
