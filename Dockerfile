@@ -1,7 +1,7 @@
 # Conveyor worker, CUDA build. torch 2.11 (CUDA 13.0) and triton 3.6 come with the base image, the pair the
 # GPU check ran under on an H200 and the triton CI compile-checks the kernels against (.ci/run IMAGE_TRITON);
-# `pip install .` finds both satisfied and downloads only the small pure-Python dependencies. Versions and the
-# driver they need: docs/operations.md, "The image".
+# `pip install './[structured]'` finds both satisfied and downloads only the small pure-Python dependencies
+# and xgrammar (structured outputs). Versions and the driver they need: docs/operations.md, "The image".
 FROM pytorch/pytorch:2.11.0-cuda13.0-cudnn9-runtime
 
 # Triton builds its launcher stub with a C compiler at the first kernel launch, and runtime images have
@@ -23,7 +23,7 @@ COPY engine ./engine
 COPY kernels ./kernels
 COPY worker ./worker
 
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir './[structured]' \
     && useradd --create-home --uid 10001 conveyor \
     && mkdir -p /cache /models \
     && chown conveyor:conveyor /cache /models

@@ -62,8 +62,16 @@ def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
 
         return TorchAttentionBackend()
     if name == "triton":
-        from engine.attention.triton_backend import TritonAttentionBackend
-
+        try:
+            from engine.attention.triton_backend import TritonAttentionBackend
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.partition(".")[0] != "triton":
+                raise
+            # A CUDA build of torch on Linux brings triton; a CPU install has none (pyproject's extras).
+            raise RuntimeError(
+                "the triton attention backend needs triton, which is not installed: "
+                "pip install 'conveyor[gpu]', or attention_backend='torch'"
+            ) from None
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r}; choose 'auto', 'torch' or 'triton'")
 

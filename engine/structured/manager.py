@@ -26,11 +26,14 @@ from engine.errors import FailureCode
 from engine.request_state import SamplingRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import MaskRows
+from engine.structured.compile_process import GrammarError
 
 log = structlog.get_logger("conveyor.engine")
 # (request, why it failed, code), for the engine to finish with an error.
 Failure = tuple[Request, str, FailureCode]
 _INVALID = FailureCode.INVALID_PARAMS
+# xgrammar is an extra (it requires triton on Linux x86-64): without it, constrained requests are refused.
+NOT_INSTALLED = "structured outputs are not installed on this worker: pip install 'conveyor[structured]'"
 
 
 @dataclass
@@ -57,9 +60,14 @@ class StructuredOutputManager:
         if self._service is None:
             from engine.structured.compiler import GrammarCompilerService
 
-            self._service = GrammarCompilerService(
-                self._tokenizer, self.vocab_size, self._eos, timeout_s=self.timeout_s
-            )
+            try:
+                self._service = GrammarCompilerService(
+                    self._tokenizer, self.vocab_size, self._eos, timeout_s=self.timeout_s
+                )
+            except ModuleNotFoundError as exc:
+                if exc.name != "xgrammar":
+                    raise
+                raise GrammarError(NOT_INSTALLED) from None
         return self._service
 
     def check(self, params: SamplingParams) -> None:

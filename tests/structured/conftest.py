@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import xgrammar  # noqa: F401  (a core dependency: missing, the folder fails to collect)
+import xgrammar  # noqa: F401  (the structured extra, in the test extra: missing, the folder fails to collect)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 Fetches the built-in real model once (or, with `--model tiny`, makes the tiny random one) in the cache folder,
 uses the redis-server answering at the URL or starts one (with --cluster: the Redis Cluster there, or a local
 3-master one), runs a worker on a thread, enqueues a few jobs (chat questions for a real model) and prints
-their tokens side by side as they arrive (one column per job), then a throughput line.
+their tokens side by side as they arrive (one column per job, demo_columns.py), then a throughput line.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import textwrap
 import threading
 import time
 from contextlib import ExitStack
@@ -23,6 +22,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from worker import local_redis
+from worker.cli import demo_columns
 from worker.cli.tiny_model import resolve_model
 from worker.cluster.shard_keys import ShardedKeys
 from worker.config import CLUSTER_SHARDS, WorkerConfig
@@ -63,8 +63,7 @@ def run_demo(
 
     logs.configure("warning", json=False)  # the columns are the show; warnings still appear
 
-    tiny = model.startswith("tiny")
-    click.echo(f"model: {model} ({'made' if tiny else 'fetched'} on first use under the cache folder)")
+    click.echo(model_line(model))
     model = resolve_model(model)
     prefix = f"conveyor-demo-{int(time.time())}"
     engine = LLMEngine(model, num_kv_blocks=512, max_num_seqs=16)
@@ -99,6 +98,16 @@ def run_demo(
         click.echo(
             f"\n{jobs} jobs, {tokens} tokens in {elapsed:.2f} s: {tokens / elapsed:.1f} tokens/s through Redis"
         )
+
+
+def model_line(spec: str) -> str:
+    """One line: which model runs, and for the built-in tiny one that its text means nothing."""
+    if spec == "tiny" or spec.startswith("tiny:"):
+        return (
+            f"model: {spec}, the built-in tiny model (made on first use under the cache folder); its weights "
+            "are random, so its text is random tokens"
+        )
+    return f"model: {spec} (fetched once into the cache folder)"
 
 
 def _on_one_redis(
@@ -165,10 +174,10 @@ def _delete_demo_keys(client, prefix: str) -> None:
 def _stream_side_by_side(
     queue: JobQueue, cursors: dict[str, Cursor], ids: list[str]
 ) -> tuple[dict[str, str], int]:
-    width = max(12, (shutil.get_terminal_size().columns - 3 * len(ids)) // len(ids))
+    width = demo_columns.column_width(shutil.get_terminal_size().columns, len(ids))
     texts = dict.fromkeys(ids, "")
     open_streams, tokens, shown = dict(cursors), 0, 0
-    click.echo(" | ".join(i.ljust(width) for i in ids))
+    click.echo(demo_columns.row(list(ids), width))
     while open_streams:
         for key, entries in read_outputs(queue, open_streams, block_ms=5000):
             job_id = key.rsplit(":", 1)[-1]
@@ -182,9 +191,9 @@ def _stream_side_by_side(
                     del open_streams[key]
                     break
         # Print the lines of each column that are now complete.
-        columns = [textwrap.wrap(texts[i].replace("\n", " "), width) or [""] for i in ids]
+        columns = [demo_columns.wrap(texts[i], width) or [""] for i in ids]
         ready = min(len(c) - 1 for c in columns) if open_streams else max(len(c) for c in columns)
         for row in range(shown, ready):
-            click.echo(" | ".join((c[row] if row < len(c) else "").ljust(width) for c in columns))
+            click.echo(demo_columns.row([c[row] if row < len(c) else "" for c in columns], width))
         shown = max(shown, ready)
     return texts, tokens

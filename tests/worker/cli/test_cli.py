@@ -1,11 +1,7 @@
-"""The `conveyor` command line: options from the environment, submit, plan, make-tiny-model, demo."""
+"""The `conveyor` command line: options from the environment, submit, plan, make-tiny-model (the demo:
+test_demo_output.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,8 +9,6 @@ from click.testing import CliRunner
 from tests.helpers.worker_fakes import FakeEngine, running_worker
 from worker import local_redis
 from worker.cli.main import main
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 class _Built(Exception):
@@ -107,26 +101,6 @@ def test_plan_and_make_tiny_model(tiny_model, tmp_path):
     made = CliRunner().invoke(main, ["make-tiny-model", str(tmp_path / "q"), "--arch", "qwen3"])
     assert made.exit_code == 0, made.output
     assert (tmp_path / "q" / "config.json").exists()
-
-
-@pytest.mark.redis
-@pytest.mark.timeout(180)
-def test_demo_runs_a_whole_round(tmp_path, tiny_model):
-    if local_redis.redis_server_path() is None:
-        pytest.skip("redis-server is not installed")
-    port = local_redis.free_port()  # nothing answers there: the demo starts its own server
-    env = {**os.environ, "CONVEYOR_CACHE": str(tmp_path / "cache")}
-    args = [sys.executable, "-m", "worker.cli", "demo", "--model", "tiny", "--jobs", "2", "--max-tokens", "8"]
-    done = subprocess.run(
-        [*args, "--redis-url", f"redis://127.0.0.1:{port}/0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=170,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "started a local redis-server" in done.stdout and "tokens/s through Redis" in done.stdout
 
 
 @pytest.mark.parametrize(
