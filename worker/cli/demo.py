@@ -63,6 +63,7 @@ def run_demo(
 
     logs.configure("warning", json=False)  # the columns are the show; warnings still appear
 
+    tiny = model.startswith("tiny")
     click.echo(model_line(model))
     model = resolve_model(model)
     prefix = f"conveyor-demo-{int(time.time())}"
