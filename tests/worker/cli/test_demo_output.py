@@ -19,7 +19,7 @@ from worker import local_redis
 
 ROOT = Path(__file__).resolve().parents[3]
 IDS = ["demo-0", "demo-1", "demo-2", "demo-3"]
-MODEL_LINE = "model: tiny, the built-in tiny model"
+MODEL_LINE = "model: tiny:llama, the built-in tiny model"
 
 
 def demo_args() -> list[str]:
