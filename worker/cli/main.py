@@ -11,11 +11,14 @@ from typing import Any
 
 import click
 import redis
+from click.core import ParameterSource
 
 from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.batch.api_config import BatchApiConfig
 from worker.cli.lane_options import PRIORITY_HELP, TENANT_HELP, lane_layout
+from worker.cli.metrics_listener import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from worker.cli.metrics_listener import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from worker.cli.niceness import MAX_NICENESS
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
@@ -151,7 +154,13 @@ def main() -> None:
 @config_options(Limits)
 @opt("--priority-lanes", default=None, help=PRIORITY_HELP)
 @opt("--tenant-weight", "tenant_weights", multiple=True, help=TENANT_HELP)
-@opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
+@opt(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_METRICS_PORT,
+    help="Prometheus port (0: off); the default, when taken, gives way to the next free one after it",
+)
+@opt("--metrics-host", default=DEFAULT_METRICS_HOST, help="address the Prometheus port listens on")
 @opt(
     "--torch-threads",
     type=int,
@@ -173,6 +182,7 @@ def worker(**kw: Any) -> None:
     from engine import LLMEngine
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
+    from worker.cli.metrics_listener import PortTaken, bind_metrics
     from worker.cli.preflight import (
         PreflightError,
         check_eviction_policy,
@@ -205,6 +215,11 @@ def worker(**kw: Any) -> None:
     url = kw["redis_url"]
     if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
         raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
+    try:  # before Redis and the model: a port another process holds must not cost a model load
+        explicit = click.get_current_context().get_parameter_source("metrics_port") != ParameterSource.DEFAULT
+        metrics = bind_metrics(kw.pop("metrics_host"), kw.pop("metrics_port"), explicit)
+    except PortTaken as exc:
+        raise click.ClickException(str(exc)) from exc
     client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
@@ -245,7 +260,8 @@ def worker(**kw: Any) -> None:
         w = layout_worker(engine, client, cfg, layout, weights)
     else:
         w = Worker(engine, client, cfg)
-    w.metrics.serve(kw["metrics_port"])
+    if metrics is not None:
+        metrics.serve(w.metrics.registry)
     heartbeat = registry_heartbeat(client, cfg, engine, model, w)
     w.observer.heartbeat = heartbeat
     if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
