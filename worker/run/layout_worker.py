@@ -11,6 +11,7 @@ import redis
 
 from engine.client import EngineClient
 from worker.config import WorkerConfig
+from worker.connection import with_retry
 from worker.intake.lane_layout import LaneLayout, read_policy, write_layout
 from worker.run.lanes_worker import LanesWorker
 from worker.run.observer import Observer
@@ -29,5 +30,6 @@ def layout_worker(
     worker = LanesWorker(
         engine, lanes, [client] * len(lanes), cfg, read_policy(layout, weights or {}), observer
     )
-    write_layout(client, cfg.keys, layout)
+    # Waited out like every start-up write: a full (or restarting) Redis holds the start, never ends it.
+    with_retry(lambda: write_layout(client, cfg.keys, layout), "writing the lane layout", worker.stop)
     return worker
