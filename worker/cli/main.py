@@ -367,6 +367,8 @@ def serve(**kw: Any) -> None:
 @opt("--seed", type=int, default=None)
 @opt("--chat", is_flag=True, help="send the prompt as one user message (chat template)")
 @opt("--timeout", type=float, default=300.0)
+@opt("--model", default=None, help="the model to ask (its live workers' stream, as the gateway routes)")
+@opt("--wait", is_flag=True, help="queue even when no live worker serves it (default: say so, exit 1)")
 @cluster_client_options
 def submit(
     prompt: str,
@@ -378,6 +380,8 @@ def submit(
     seed,
     chat,
     timeout,
+    model,
+    wait,
     cluster,
     shards,
     replicas,
@@ -386,6 +390,7 @@ def submit(
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
 
+    from worker.affinity_key import with_affinity
     from worker.cli.client_errors import one_line_errors
     from worker.client import events
 
@@ -399,9 +404,16 @@ def submit(
         if value is not None:
             job[name] = value
     with one_line_errors(url):
-        queue = _queue(kw, keys, cluster, shards, replicas)
-        shard = queue.submit(job)
-        for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
+        if cluster or shards is not None:  # the shards' streams: no per-model routing there
+            if model is not None:
+                raise click.UsageError("--model routes on one Redis; not with --cluster or --shards")
+            queue = _queue(kw, keys, cluster, shards, replicas)
+            shard = queue.submit(job)
+            node, out_keys = queue.node(shard), queue.keys(shard)
+        else:
+            node, out_keys = _client(kw), keys
+            _route(node, keys, model, wait).add(with_affinity(job), model)
+        for event in events(node, job["id"], out_keys, timeout_s=timeout):
             if event["type"] == "token":
                 click.echo(event["text"], nl=False)
             elif event["type"] == "done":
@@ -414,6 +426,21 @@ def submit(
             else:
                 click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
                 raise SystemExit(1)
+
+
+def _route(client, keys: Keys, models, wait: bool):
+    """A ModelRouter (worker/cli/model_route.py) once a live worker is known to take jobs for each of
+    `models` (one name, None for --stream, or a set of them); else one line and exit 1, unless `wait`."""
+    from worker.cli.model_route import ModelRouter, NoLiveWorker
+
+    router = ModelRouter(client, keys)
+    for model in sorted(models, key=str) if isinstance(models, set) else [models]:
+        try:
+            router.check(model)
+        except NoLiveWorker as exc:
+            if not wait:
+                raise click.ClickException(str(exc)) from None
+    return router
 
 
 @main.command()
@@ -509,6 +536,7 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
     help="stop (rerun to resume) when no event came for this many seconds with jobs in flight (0: wait)",
 )
 @opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
+@opt("--wait", is_flag=True, help="queue even when no live worker serves a line's model (default: exit 1)")
 @cluster_client_options
 def batch_cmd(
     input_path: str,
@@ -517,13 +545,16 @@ def batch_cmd(
     max_in_flight: int,
     timeout: float,
     progress,
+    wait: bool,
     cluster,
     shards,
     replicas,
     **kw,
 ) -> None:
-    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
-    from worker.batch.runner import BatchRunner
+    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume. Each line
+    goes to its body's `model` as the gateway routes it (no model: --stream)."""
+    from worker.batch.runner import BatchRunner, JobTemplate
+    from worker.cli.batch_models import line_router
     from worker.cli.client_errors import one_line_errors
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
@@ -531,8 +562,12 @@ def batch_cmd(
         kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
     with one_line_errors(kw["redis_url"], resume_hint=" (rerun the same command to resume)"):
         queue = _queue(kw, keys, cluster, shards, replicas)
+        template = None
+        if not (cluster or shards is not None):  # one Redis: each line to its model's stream
+            named, submit = line_router(input_path)
+            template = JobTemplate(submit=submit(_route(queue.node(0), keys, named, wait)))
         runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress, idle_timeout_s=timeout)
-        s = runner.run(input_path, output_path, errors_file)
+        s = runner.run(input_path, output_path, errors_file, template)
     click.echo(
         f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
         f"{s.completion_tokens} completion tokens",
