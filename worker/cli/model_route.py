@@ -17,7 +17,7 @@ import redis
 from worker.client import request_stream
 from worker.fleet.registry import live, read
 from worker.gateway.fleet_view import ServedModel
-from worker.intake.lane_layout import read_layout
+from worker.intake.lane_layout import read_layout, register_tenant
 from worker.keys import JOB_FIELD, Keys, requests_stream_name
 
 
@@ -61,6 +61,7 @@ class ModelRouter:
             return request_stream(self.client, job, waiting)
         layout_keys = served.layout_keys(self.keys.prefix)
         layout = read_layout(self.client, layout_keys) if layout_keys is not None else None
+        register_tenant(self.client, layout, job)
         return served.stream_for(job, self.keys.prefix, layout)
 
     def add(self, job: dict, model: str | None) -> str:

@@ -137,6 +137,11 @@ class Heartbeat:
         running in an empty KV pool."""
         self._load = _load(stats, room)
 
+    def set_streams(self, streams: list[str]) -> None:
+        """The request streams this worker reads now (a lane added at run time), shown from the next beat."""
+        with self._lock:
+            self.record = self.record.model_copy(update={"streams": list(streams)})
+
     def set_home_shards(self, shards: list[int]) -> None:
         """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
         with self._lock:
