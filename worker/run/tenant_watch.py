@@ -46,8 +46,8 @@ class TenantWatch:
 
     def __call__(self) -> None:
         now = time.monotonic()
-        if now - self._read_at < self.cfg.registry_interval_s:
-            return
+        if now - self._read_at < self.cfg.registry_interval_s or self.worker.stop.warm.is_set():
+            return  # (a draining worker takes no new work, so no new lanes)
         self._read_at = now
         try:
             found = self.client.smembers(self.layout.tenants_key)
