@@ -106,6 +106,7 @@ class LanesWorker:
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
         self._next = 0  # the lane ticked first in the next cycle
+        self._started: list[Worker] = []  # lanes' workers started (run, add_lane): they write at shutdown
         # Lanes restarted from their server's state, with the ids of the jobs they aborted: their pending
         # entries are read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
@@ -131,6 +132,7 @@ class LanesWorker:
         worker = self._lane_worker(self.shared.add_view(), lane, client)
         self.workers.append(worker)
         _share_consumer_leases(self.workers)  # one consumer name, one lease token
+        self._started.append(worker)
         worker.start()
         return worker
 
@@ -141,7 +143,7 @@ class LanesWorker:
         self.policy = policy
 
     def run(self) -> None:
-        started: list[Worker] = []
+        started = self._started
         redis_lost = False
         try:
             for worker in self.workers:
