@@ -83,19 +83,24 @@ def test_submit_and_batch_route_by_model_and_refuse_at_once_where_no_worker_read
 
 
 def test_top_shows_a_backlog_no_live_worker_reads(redis_server, r, tiny_worker):
-    url = ["--redis-url", redis_server.url, "--timeout", "0.5"]
-    for k in range(7):  # --wait: queued where no worker reads, as the issue's user did by accident
-        CliRunner().invoke(main, ["submit", f"job {k}", "--wait", "--id", f"lost{k}", *url])
-    assert r.xlen(K.requests) == 7
+    """The worker reads conveyor:requests:tiny; a client that names no model added 7 jobs to
+    conveyor:requests, which has no consumer group at all."""
+    from rich.console import Console
+
+    for k in range(7):
+        r.xadd(K.requests, {b"job": json.dumps({"id": f"lost{k}", "prompt": "x"})})
     snap = take(r)
     (view,) = [s for s in snap.streams if s.stream == K.requests]
     assert (view.backlog, view.readers, view.unread) == (7, 0, True)
-    from rich.console import Console
-
+    (read,) = [s for s in snap.streams if s.stream == "conveyor:requests:tiny"] or [None]
+    assert read is None or not read.unread  # the worker's own stream is read (no backlog, or readers)
     console = Console(width=200, record=True)
     console.print(render(snap))
     screen = console.export_text()
     assert "conveyor:requests" in screen and "NO LIVE WORKER READS IT" in screen
     result = CliRunner().invoke(main, ["top", "--once", "--json", "--redis-url", redis_server.url])
-    streams = json.loads(result.output)["streams"]
-    assert {"stream": K.requests, "backlog": 7, "readers": 0} in streams
+    assert {"stream": K.requests, "backlog": 7, "readers": 0} in json.loads(result.output)["streams"]
+    # --wait queues where nobody reads, all the same (and waits --timeout for an answer).
+    url = ["--redis-url", redis_server.url, "--timeout", "0.5"]
+    CliRunner().invoke(main, ["submit", "one more", "--wait", "--id", "lost7", *url])
+    assert r.xlen(K.requests) == 8
