@@ -50,7 +50,8 @@ class ModelRouter:
             )
 
     def stream(self, job: dict, model: str | None) -> str:
-        """The stream `job` is added to (its affinity key, when it has one, already set)."""
+        """The stream `job` is added to (its affinity key, when it has one, already set); a tenant with a
+        lane new to the workers is registered on the way (lane_layout.register_tenant)."""
         if model is None:
             return request_stream(self.client, job, self.keys)
         served = self.models.get(model)
