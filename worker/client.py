@@ -25,7 +25,7 @@ from redis.retry import Retry
 from worker.affinity_key import with_affinity
 from worker.cluster.shard_keys import ShardedKeys
 from worker.connection import Backoff
-from worker.intake.lane_layout import LaneLayout, read_layout
+from worker.intake.lane_layout import LaneLayout, read_layout, register_tenant
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
 from worker.shard_choice import choose_shard
 
@@ -54,7 +54,10 @@ def request_stream(client: redis.Redis, job: dict, keys: Keys) -> str:
     """The requests stream, or, when the workers read priority or tenant lanes, the job's lane's stream
     (intake/lane_layout.py; the layout is read at most every LAYOUT_TTL_S per client)."""
     layout = lane_layout(client, keys)
-    return keys.requests if layout is None else layout.stream_for(job)
+    if layout is None:
+        return keys.requests
+    register_tenant(client, layout, job)  # a tenant with a lane of its own: the workers add it
+    return layout.stream_for(job)
 
 
 def lane_layout(client: redis.Redis, keys: Keys) -> LaneLayout | None:

@@ -46,8 +46,9 @@ def compile_spec(compiler: Any, spec: GrammarSpec) -> Any:
         return compiler.compile_json_schema(_json_schema(spec), any_whitespace=False)
     if spec.kind == "json_object":
         # Not compile_builtin_json_grammar(): that accepts any JSON value (a top-level array too), while
-        # OpenAI's json_object promises an object.
-        return compiler.compile_json_schema('{"type": "object"}')
+        # OpenAI's json_object promises an object. Without free whitespace, as json_schema is written (a
+        # random or small model otherwise fills an object with tabs and newlines: `{ \t\t}`).
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
     if spec.kind == "regex":
         return compiler.compile_regex(spec.spec)
     if spec.kind == "choice":

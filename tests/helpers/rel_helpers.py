@@ -170,10 +170,17 @@ class Workers:
     spawned: list[WorkerProc] = field(default_factory=list)
 
     def spawn(
-        self, url: str, consumer: str, *extra: str, group: str = GROUP, env: dict[str, str] | None = None
+        self,
+        url: str,
+        consumer: str,
+        *extra: str,
+        group: str = GROUP,
+        env: dict[str, str] | None = None,
+        metrics_port: str | None = "0",  # None: not given, the worker's default
     ) -> WorkerProc:
         args = [sys.executable, "-m", "worker.cli", "worker", "--model", self.model, "--redis-url", url]
-        args += ["--consumer", consumer, "--group", group, "--metrics-port", "0"]
+        args += ["--consumer", consumer, "--group", group]
+        args += ["--metrics-port", metrics_port] if metrics_port is not None else []
         args += ["--num-kv-blocks", "4096", "--max-num-seqs", "24", "--max-num-batched-tokens", "1024"]
         args += ["--lease-ms", "1200", *extra]
         env = {

@@ -202,11 +202,35 @@ def on_a_thread(worker):
 
 
 @contextmanager
-def running_worker(engine, url: str, **overrides):
-    """A Worker on a thread; warm-stopped (drained) on exit."""
+def running_worker(engine, url: str, served: str | Sequence[str] = (), **overrides):
+    """A Worker on a thread; warm-stopped (drained) on exit. `served`: model name(s) the worker registry
+    shows it serving from its stream, as `conveyor worker` is shown (the clients route by them)."""
     cfg = WorkerConfig(**{"group": "test", "consumer": "w1", "lease_ms": 3000, **overrides})
-    with on_a_thread(Worker(engine, connect(url), cfg)) as worker:
-        yield worker
+    worker = Worker(engine, connect(url), cfg)
+    beats = [_record(url, cfg, model) for model in ([served] if isinstance(served, str) else served)]
+    for beat in beats:
+        beat.start()
+    try:
+        with on_a_thread(worker):
+            yield worker
+    finally:
+        for beat in beats:
+            beat.stop()
+
+
+def _record(url: str, cfg: WorkerConfig, model: str):
+    from worker.fleet.heartbeat import Heartbeat
+
+    return Heartbeat(
+        connect(url),
+        cfg.keys,
+        consumer=f"{cfg.consumer}-{model}",
+        model=model,
+        group=cfg.group,
+        streams=[cfg.keys.requests],
+        max_model_len=4096,
+        capacity=16,
+    )
 
 
 ENGINE_KW = {"num_kv_blocks": 256, "max_num_seqs": 16, "max_num_batched_tokens": 512}

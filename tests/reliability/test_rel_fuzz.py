@@ -24,6 +24,7 @@ from tests.helpers.rel_helpers import (
     wait_terminal,
     wait_until,
 )
+from worker.intake.json_scan import MAX_JSON_DEPTH
 from worker.keys import JOB_FIELD
 
 pytestmark = [pytest.mark.redis]
@@ -159,15 +160,14 @@ class Gen:
         return {JOB_FIELD: body}, {"invalid_job"}, job_id
 
     def nested(self):
-        """Deep nesting, in the body or in a field; 2000+ is past the interpreter's recursion limit."""
+        """Deep nesting, in the body or in a field; past MAX_JSON_DEPTH it is refused before parsing."""
         depth = self.rng.choice([50, 500, 2_000, 10_000])
-        codes = {"invalid_job"} if depth < 1000 else {"invalid_json"}
+        codes = {"invalid_job"} if depth <= MAX_JSON_DEPTH else {"invalid_json"}
         if self.rng.random() < 0.5:
             return {JOB_FIELD: b"[" * depth + b"]" * depth}, codes, None
         job_id = self.next_id()
         body = f'{{"id": "{job_id}", "prompt": "x", "stop": '.encode() + b"[" * depth + b"]" * depth + b"}"
-        # Too deep to parse at all: no id can be trusted, so the entry is only dead-lettered.
-        return {JOB_FIELD: body}, codes, job_id if depth < 1000 else None
+        return {JOB_FIELD: body}, codes, job_id  # the id comes first: readable however deep the rest
 
     def limits(self):
         job_id = self.next_id()
@@ -281,6 +281,35 @@ def test_deeply_nested_json_is_dead_lettered_and_does_not_kill_the_worker(server
     assert w.alive(), f"a deeply nested payload killed the worker: {w.log.read_text()[-1500:]}"
     dead = {f[b"entry_id"]: f for _, f in r.xrange(K.dead)}
     assert set(dead) == set(entries)
-    assert {f[b"code"] for f in dead.values()} <= {b"invalid_json", b"invalid_job"}
+    assert {f[b"code"] for f in dead.values()} == {b"invalid_json"}
     assert wait_terminal(r, ["good0"], 30)["good0"][-1]["type"] == "done"
     assert r.xpending(K.requests, GROUP)["pending"] == 0
+    assert "RecursionError" not in w.log.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_an_unreadable_job_naming_a_usable_id_is_answered_once(server, workers, model):
+    """threat-model.md: a payload that names a usable id gets an error event, however unreadable the rest."""
+    r = server.client()
+    w = workers.spawn(server.url, "unread", *LIMITS)
+    w.wait_started()
+    deep = 10_000
+    payloads = {
+        "latin1": b'{"id": "latin1", "prompt": "caf\xe9", "max_tokens": 4}',
+        "surrogate": b'{"id": "surrogate", "prompt": "\xed\xa0\x80", "max_tokens": 4}',
+        "after": b'{"prompt": "\xff\xfe", "id": "after", "max_tokens": 4}',
+        "deep": b'{"id": "deep", "prompt": "x", "stop": ' + b"[" * deep + b"]" * deep + b"}",
+        "cut": b'{"id": "cut", "prompt": "trunc',
+    }
+    for raw in payloads.values():
+        r.xadd(K.requests, {JOB_FIELD: raw})
+    enqueue_many(r, [_valid(0)])
+    ends = wait_terminal(r, [*payloads, "good0"], 30)
+    assert ends["good0"][-1]["type"] == "done"
+    wait_until(lambda: r.xpending(K.requests, GROUP)["pending"] == 0, 10, "all entries acknowledged")
+    for job_id in payloads:
+        events = read_events(r, job_id)
+        assert [(e["type"], e["code"]) for e in events] == [("error", "invalid_json")], job_id
+    dead_ids = sorted(f[b"id"].decode() for _, f in r.xrange(K.dead))
+    assert dead_ids == sorted(payloads)  # still dead-lettered, each once
+    assert w.alive()

@@ -49,6 +49,10 @@ DOC_COMPLETION = {
 }
 
 
+# The models the lines name: `conveyor batch` sends each line to its model's live workers.
+SERVED = ("m", DOC_CHAT["body"]["model"], DOC_COMPLETION["body"]["model"])
+
+
 def _chat(custom_id: str, **body) -> dict:
     messages = [{"role": "user", "content": f"Say something ({custom_id})"}]
     return {
@@ -132,7 +136,7 @@ def test_openai_batch_file_end_to_end(redis_server, r, llm, tmp_path):
     ]
     inp, out, err = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
     _write(inp, entries)
-    with running_worker(llm, redis_server.url):
+    with running_worker(llm, redis_server.url, served=SERVED):
         result = CliRunner().invoke(
             main,
             [
@@ -198,7 +202,7 @@ def test_killed_mid_file_and_rerun_answers_each_custom_id_once(redis_server, r, 
     _write(inp, entries)
     args = ["batch", "-i", str(inp), "-o", str(out), "--redis-url", redis_server.url, "--max-in-flight", "2"]
     env = {**os.environ, "PYTHONPATH": ROOT}
-    with running_worker(llm, redis_server.url):
+    with running_worker(llm, redis_server.url, served=SERVED):
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", *args, "--no-progress"], cwd=ROOT, env=env
         )
@@ -260,7 +264,7 @@ def test_logprobs_in_openai_shapes_join_to_the_text(redis_server, r, llm, tmp_pa
         },
         _chat("plain", max_tokens=4, temperature=0),
     ]
-    with running_worker(llm, redis_server.url):
+    with running_worker(llm, redis_server.url, served=SERVED):
         lines = _run_batch(redis_server.url, entries, tmp_path)
     chat = openai_types.chat.ChatCompletion.model_validate(lines["chat"]["response"]["body"])
     choice = chat.choices[0]
@@ -288,7 +292,7 @@ def test_a_line_without_max_tokens_runs_to_its_end_not_to_16_tokens(redis_server
     long_words = {"regex": "[a-z]{48}"}  # the grammar forbids EOS until 48 letters: more than 16 tokens
     entries = [_chat("free", structured_outputs=long_words, temperature=0)]
     entries[0]["body"].pop("max_tokens")
-    with running_worker(llm, redis_server.url):
+    with running_worker(llm, redis_server.url, served=SERVED):
         body = _run_batch(redis_server.url, entries, tmp_path)["free"]["response"]["body"]
     assert (
         body["choices"][0]["finish_reason"] == "stop" and len(body["choices"][0]["message"]["content"]) == 48
@@ -297,6 +301,6 @@ def test_a_line_without_max_tokens_runs_to_its_end_not_to_16_tokens(redis_server
     # A worker's --max-tokens-limit caps "until the context is full" instead of refusing the job.
     (tmp_path / "capped").mkdir()
     entries[0]["custom_id"] = "capped"  # another line, so another job id (ids derive from the line)
-    with running_worker(llm, redis_server.url, limits=Limits(max_tokens=5)):
+    with running_worker(llm, redis_server.url, served=SERVED, limits=Limits(max_tokens=5)):
         body = _run_batch(redis_server.url, entries, tmp_path / "capped")["capped"]["response"]["body"]
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 5

@@ -96,13 +96,19 @@ class BatchRunner:
         self._last_event = time.monotonic()
         self.max_in_flight, self.block_ms, self.progress = max_in_flight, block_ms, progress
 
-    def run(self, input_path: str, output_path: str, errors_path: str | None = None) -> BatchSummary:
+    def run(
+        self,
+        input_path: str,
+        output_path: str,
+        errors_path: str | None = None,
+        template: JobTemplate | None = None,
+    ) -> BatchSummary:
         """`conveyor batch`: a local input file, answers appended to local files; rerun to resume."""
         sink = FileSink(output_path, errors_path, self.progress)
         # Seen by `conveyor top` and the dashboard (worker/fleet/batch_board.py).
         sink.show_on(self.queue.node(0), self.queue.keys(0).batches, os.path.basename(input_path))
         try:
-            return self.drive(lambda: _lines(input_path), sink)
+            return self.drive(lambda: _lines(input_path), sink, template)
         finally:
             sink.close()
 

@@ -13,8 +13,9 @@ PRIORITY_HELP = (
     "above its priority and smaller levels are read first across the backlog (docs/operations.md)"
 )
 TENANT_HELP = (
-    "tenant lanes with weighted fair share in tokens served: NAME=W (repeatable; W default 1); tenants "
-    "not named share the default lane, weighed by default=W (docs/operations.md)"
+    "tenant lanes with weighted fair share in tokens served: NAME=W (repeatable; W default 1); a tenant "
+    "not named gets a lane of weight 1 once a client adds its first job; jobs without a tenant share the "
+    "default lane, weighed by default=W (docs/operations.md)"
 )
 
 

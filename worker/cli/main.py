@@ -11,11 +11,14 @@ from typing import Any
 
 import click
 import redis
+from click.core import ParameterSource
 
 from engine.config import EngineConfig, literal_choices
 from engine.models.registry import TINY_ARCHS
 from worker.batch.api_config import BatchApiConfig
 from worker.cli.lane_options import PRIORITY_HELP, TENANT_HELP, lane_layout
+from worker.cli.metrics_listener import DEFAULT_HOST as DEFAULT_METRICS_HOST
+from worker.cli.metrics_listener import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from worker.cli.niceness import MAX_NICENESS
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
@@ -151,7 +154,13 @@ def main() -> None:
 @config_options(Limits)
 @opt("--priority-lanes", default=None, help=PRIORITY_HELP)
 @opt("--tenant-weight", "tenant_weights", multiple=True, help=TENANT_HELP)
-@opt("--metrics-port", type=int, default=9100, help="Prometheus port (0: off)")
+@opt(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_METRICS_PORT,
+    help="Prometheus port (0: off); the default, when taken, gives way to the next free one after it",
+)
+@opt("--metrics-host", default=DEFAULT_METRICS_HOST, help="address the Prometheus port listens on")
 @opt(
     "--torch-threads",
     type=int,
@@ -174,6 +183,7 @@ def worker(**kw: Any) -> None:
     from engine.distributed.errors import TensorParallelError
     from worker.cli import logs
     from worker.cli.builtin_models import BUILTIN
+    from worker.cli.metrics_listener import PortTaken, bind_metrics
     from worker.cli.preflight import (
         PreflightError,
         check_eviction_policy,
@@ -206,6 +216,11 @@ def worker(**kw: Any) -> None:
     url = kw["redis_url"]
     if kw["redis_socket_timeout"] * 1000 <= kw["block_ms"]:  # an idle worker's reads would time out
         raise click.BadParameter("must be longer than --block-ms", param_hint="--redis-socket-timeout")
+    try:  # before Redis and the model: a port another process holds must not cost a model load
+        explicit = click.get_current_context().get_parameter_source("metrics_port") != ParameterSource.DEFAULT
+        metrics = bind_metrics(kw.pop("metrics_host"), kw.pop("metrics_port"), explicit)
+    except PortTaken as exc:
+        raise click.ClickException(str(exc)) from exc
     client = _client(kw, cluster=True) if kw["cluster"] else _client(kw)
     try:  # before the model loads: a wrong URL or an evicting Redis should not cost a model load
         wait_reachable(client, url)
@@ -248,7 +263,8 @@ def worker(**kw: Any) -> None:
         w = layout_worker(engine, client, cfg, layout, weights)
     else:
         w = Worker(engine, client, cfg)
-    w.metrics.serve(kw["metrics_port"])
+    if metrics is not None:
+        metrics.serve(w.metrics.registry)
     heartbeat = registry_heartbeat(client, cfg, engine, name, w)
     w.observer.heartbeat = heartbeat
     if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
@@ -354,6 +370,8 @@ def serve(**kw: Any) -> None:
 @opt("--seed", type=int, default=None)
 @opt("--chat", is_flag=True, help="send the prompt as one user message (chat template)")
 @opt("--timeout", type=float, default=300.0)
+@opt("--model", default=None, help="the model to ask (its live workers' stream, as the gateway routes)")
+@opt("--wait", is_flag=True, help="queue even when no live worker serves it (default: say so, exit 1)")
 @cluster_client_options
 def submit(
     prompt: str,
@@ -365,6 +383,8 @@ def submit(
     seed,
     chat,
     timeout,
+    model,
+    wait,
     cluster,
     shards,
     replicas,
@@ -373,6 +393,7 @@ def submit(
     """Enqueue one job and stream its tokens to the terminal as they arrive."""
     import uuid
 
+    from worker.affinity_key import with_affinity
     from worker.cli.client_errors import one_line_errors
     from worker.client import events
 
@@ -386,9 +407,16 @@ def submit(
         if value is not None:
             job[name] = value
     with one_line_errors(url):
-        queue = _queue(kw, keys, cluster, shards, replicas)
-        shard = queue.submit(job)
-        for event in events(queue.node(shard), job["id"], queue.keys(shard), timeout_s=timeout):
+        if cluster or shards is not None:  # the shards' streams: no per-model routing there
+            if model is not None:
+                raise click.UsageError("--model routes on one Redis; not with --cluster or --shards")
+            queue = _queue(kw, keys, cluster, shards, replicas)
+            shard = queue.submit(job)
+            node, out_keys = queue.node(shard), queue.keys(shard)
+        else:
+            node, out_keys = _client(kw), keys
+            _route(node, keys, model, wait).add(with_affinity(job), model)
+        for event in events(node, job["id"], out_keys, timeout_s=timeout):
             if event["type"] == "token":
                 click.echo(event["text"], nl=False)
             elif event["type"] == "done":
@@ -401,6 +429,21 @@ def submit(
             else:
                 click.echo(f"\n[error {event['code']}: {event['message']}]", err=True)
                 raise SystemExit(1)
+
+
+def _route(client, keys: Keys, models, wait: bool):
+    """A ModelRouter (worker/cli/model_route.py) once a live worker is known to take jobs for each of
+    `models` (one name, None for --stream, or a set of them); else one line and exit 1, unless `wait`."""
+    from worker.cli.model_route import ModelRouter, NoLiveWorker
+
+    router = ModelRouter(client, keys)
+    for model in sorted(models, key=str) if isinstance(models, set) else [models]:
+        try:
+            router.check(model)
+        except NoLiveWorker as exc:
+            if not wait:
+                raise click.ClickException(str(exc)) from None
+    return router
 
 
 @main.command()
@@ -511,6 +554,7 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
     help="stop (rerun to resume) when no event came for this many seconds with jobs in flight (0: wait)",
 )
 @opt("--progress/--no-progress", default=None, help="progress bar (default: when stderr is a terminal)")
+@opt("--wait", is_flag=True, help="queue even when no live worker serves a line's model (default: exit 1)")
 @cluster_client_options
 def batch_cmd(
     input_path: str,
@@ -519,13 +563,16 @@ def batch_cmd(
     max_in_flight: int,
     timeout: float,
     progress,
+    wait: bool,
     cluster,
     shards,
     replicas,
     **kw,
 ) -> None:
-    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume."""
-    from worker.batch.runner import BatchRunner
+    """Run an OpenAI Batch file (JSONL) through the workers; rerun the same command to resume. Each line
+    goes to its body's `model` as the gateway routes it (no model: --stream)."""
+    from worker.batch.runner import BatchRunner, JobTemplate
+    from worker.cli.batch_models import line_router
     from worker.cli.client_errors import one_line_errors
 
     keys = Keys(**pop_config_kwargs(Keys, kw, exclude=CLIENT_KEYS_NOT_OPTIONS))
@@ -533,8 +580,12 @@ def batch_cmd(
         kw["redis_socket_timeout"] = min(kw["redis_socket_timeout"], timeout)
     with one_line_errors(kw["redis_url"], resume_hint=" (rerun the same command to resume)"):
         queue = _queue(kw, keys, cluster, shards, replicas)
+        template = None
+        if not (cluster or shards is not None):  # one Redis: each line to its model's stream
+            named, submit = line_router(input_path)
+            template = JobTemplate(submit=submit(_route(queue.node(0), keys, named, wait)))
         runner = BatchRunner(queue, max_in_flight=max_in_flight, progress=progress, idle_timeout_s=timeout)
-        s = runner.run(input_path, output_path, errors_file)
+        s = runner.run(input_path, output_path, errors_file, template)
     click.echo(
         f"{s.total} lines: {s.done} done, {s.failed} failed, {s.skipped} answered before; "
         f"{s.completion_tokens} completion tokens",

@@ -5,6 +5,10 @@ the loop's thread, so the engine is only read there) and this thread writes the 
 and ZADD. A worker whose loop is stuck in a long step still beats, and `last_step_ms` shows how long the
 step has taken; a killed worker stops beating and its record lapses one TTL later. A clean stop deletes the
 record and its index entry.
+
+A beat Redis refuses (full under noeviction, or unreachable) is logged once and retried with backoff up
+to the interval; it never stops the worker, the first one included: a worker that starts on a full Redis
+serves once there is room, and is in the registry from its first beat that fits.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from importlib import metadata
 import structlog
 
 from engine.outputs import EngineStats
+from worker.connection import Backoff
 from worker.fleet.registry import FORGET_MS, TTFT_KEPT, WorkerRecord
 from worker.keys import Keys
 
@@ -86,6 +91,7 @@ class Heartbeat:
         # fresher than update()'s, which the loop calls about once a second.
         self._load: dict[str, int] | None = None
         self._ttfts: deque[int] = deque(maxlen=TTFT_KEPT)
+        self._backoff = Backoff(cap_s=interval_s)  # failures in a row: the next try comes sooner
 
     def first_token(self, ttft_ms: float) -> None:
         self._ttfts.append(round(ttft_ms))
@@ -131,6 +137,11 @@ class Heartbeat:
         running in an empty KV pool."""
         self._load = _load(stats, room)
 
+    def set_streams(self, streams: list[str]) -> None:
+        """The request streams this worker reads now (a lane added at run time), shown from the next beat."""
+        with self._lock:
+            self.record = self.record.model_copy(update={"streams": list(streams)})
+
     def set_home_shards(self, shards: list[int]) -> None:
         """The shards this worker reads first now (worker/fleet/home_watch.py), shown from the next beat."""
         with self._lock:
@@ -142,16 +153,29 @@ class Heartbeat:
         name (Observer.started), so a worker refused for a name in use never touches the live one's record."""
         if self._thread is not None:
             return
-        self.beat()  # registered before the first job is read
-        self._thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
+        wait_s = self._try_beat()  # registered before the first job is read, unless Redis refuses it now
+        self._thread = threading.Thread(
+            target=self._run, args=(wait_s,), name="conveyor-heartbeat", daemon=True
+        )
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.beat()
-            except Exception as exc:  # Redis away: the loop notices on its own; try again next beat
-                log.warning("registry heartbeat failed", error=str(exc))
+    def _run(self, wait_s: float) -> None:
+        while not self._stop.wait(wait_s):
+            wait_s = self._try_beat()
+
+    def _try_beat(self) -> float:
+        """One beat, and how long until the next: the interval, or after a failure a backoff delay that
+        grows to the interval. A failure is logged at its first try and when it passes."""
+        try:
+            self.beat()
+        except Exception as exc:  # Redis full or away: the loop copes on its own; the registry waits
+            if not self._backoff.failures:
+                log.warning("registry heartbeat failed, retrying", error=str(exc))
+            return self._backoff.next_delay()
+        if self._backoff.failures:
+            log.info("registry heartbeat written again", after_failures=self._backoff.failures)
+            self._backoff.reset()
+        return self.interval_s
 
     def beat(self) -> None:
         at = now_ms()

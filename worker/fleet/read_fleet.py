@@ -2,7 +2,9 @@
 Redis Cluster (every command touches one key, so redis-py routes each to its node).
 
 Which streams: `<prefix>:requests`, each live worker's `streams` (per-model streams, lanes, a cluster's
-shards) and any named by the caller. Every consumer group on them is a model. Dead letters and usage
+shards) and any named by the caller. Besides, every request stream found by SCAN (`<prefix>:requests*`,
+a shard's `<prefix>:{s<k>}:requests*`) that holds unread jobs is listed with the live workers that read
+it, so jobs in a stream nobody reads (a client that named no model, or the wrong one) are seen. Every consumer group on them is a model. Dead letters and usage
 counters are read under each key prefix those streams belong to (the prefix, and `<prefix>:{s<k>}` for
 a shard's streams).
 """
@@ -19,6 +21,7 @@ from worker.fleet.snapshot import (
     BatchView,
     FleetSnapshot,
     ModelView,
+    StreamView,
     WorkerView,
     drain_seconds,
     quantile,
@@ -86,10 +89,28 @@ def take(client, prefix: str = "conveyor", streams: tuple[str, ...] = ()) -> Fle
         workers=[_worker(m, now_ms) for m in members],
         tenants=tenants,
         batches=_batches(client, prefixes, now_ms),
+        streams=_backlogged(client, prefix, names, records),
         dead_last_hour=dead_total,
         ttft_p50_s=None if p50 is None else p50 / 1000,
         ttft_p99_s=None if p99 is None else p99 / 1000,
     )
+
+
+def _backlogged(client, prefix: str, known: list[str], records: list) -> list[StreamView]:
+    """Every request stream with entries no group has read (all of them, when it has no group)."""
+    found = set(known)
+    for pattern in (f"{prefix}:requests*", f"{prefix}:{{s*}}:requests*"):
+        found.update(_text(k) for k in client.scan_iter(match=pattern, count=1000, _type="stream"))
+    views = []
+    for stream in sorted(found):
+        groups = _groups(client, stream)
+        backlog = max((_lag(client, stream, g) for g in groups), default=None)
+        if backlog is None:
+            backlog = int(client.xlen(stream))
+        if backlog:
+            readers = sum(stream in r.streams for r in records if not r.draining)
+            views.append(StreamView(stream=stream, backlog=backlog, readers=readers))
+    return views
 
 
 def _prefixes(prefix: str, streams: list[str]) -> list[str]:

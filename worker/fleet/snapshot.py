@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from worker.fleet.accounting import TenantUsage
 
@@ -41,6 +41,19 @@ class ModelView(BaseModel):
     backlog_tokens: int | None = None
     drain_s: float = 0.0
     dead_last_hour: int = 0
+
+
+class StreamView(BaseModel):
+    """A request stream with jobs waiting in it, whether or not any worker reads it."""
+
+    stream: str
+    backlog: int  # entries no group has read (every entry when the stream has no group)
+    readers: int = 0  # live, not draining workers that read it
+
+    @property
+    def unread(self) -> bool:
+        """Jobs wait and no live worker will take them: a wrong --model/--stream, or every worker gone."""
+        return self.backlog > 0 and self.readers == 0
 
 
 class WorkerView(BaseModel):
@@ -79,6 +92,7 @@ class FleetSnapshot(BaseModel):
     workers: list[WorkerView]
     tenants: list[TenantUsage]
     batches: list[BatchView]
+    streams: list[StreamView] = Field(default_factory=list)  # request streams with a backlog
     dead_last_hour: int  # all dead letters, those of no known model included
     ttft_p50_s: float | None = None
     ttft_p99_s: float | None = None

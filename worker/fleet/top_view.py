@@ -11,7 +11,7 @@ from worker.fleet.snapshot import FleetSnapshot
 
 
 def render(snap: FleetSnapshot) -> Group:
-    return Group(_models(snap), _workers(snap), _tenants(snap), _batches(snap))
+    return Group(_models(snap), _streams(snap), _workers(snap), _tenants(snap), _batches(snap))
 
 
 def _seconds(value: float | None) -> str:
@@ -45,6 +45,16 @@ def _models(snap: FleetSnapshot) -> Table:
             _seconds(m.drain_s),
             str(m.dead_last_hour),
         )
+    return t
+
+
+def _streams(snap: FleetSnapshot) -> Table:
+    t = Table(title="request streams with a backlog", title_justify="left")
+    for column in ("stream", "backlog", "readers", ""):
+        t.add_column(column, justify="right" if column in ("backlog", "readers") else "left")
+    for s in snap.streams:
+        flag = Text("NO LIVE WORKER READS IT", style="bold red") if s.unread else Text("")
+        t.add_row(s.stream, str(s.backlog), str(s.readers), flag)
     return t
 
 

@@ -19,7 +19,7 @@ from worker.client import enqueue
 from worker.cluster.shard_keys import ShardedKeys, keys_of_shard_stream
 from worker.fleet.registry import live, read
 from worker.gateway.fleet_view import CACHE_S, ServedModel
-from worker.intake.lane_layout import read_layout
+from worker.intake.lane_layout import read_layout, register_tenant
 from worker.job_queue import JobQueue
 from worker.keys import Keys, requests_stream_name
 
@@ -50,6 +50,7 @@ class ModelRoutes:
         if served is not None:
             layout_keys = served.layout_keys(self.keys.prefix)
             layout = read_layout(self.client, layout_keys) if layout_keys is not None else None
+            register_tenant(self.client, layout, job)
             return served.stream_for(job, self.keys.prefix, layout)
         waiting = requests_stream_name(self.keys.prefix, model)
         if self.client.exists(waiting):

@@ -60,6 +60,8 @@ async def submit(
     layout_keys = model.layout_keys(keys.prefix)
     layout = await read_layout_async(client, layout_keys) if layout_keys is not None else None
     stream = model.stream_for(job, keys.prefix, layout)
+    if layout is not None and (tenant := layout.unnamed_tenant(job)) is not None:
+        await client.sadd(layout.tenants_key, tenant)  # its lane is new to the workers: they add it
     if max_queued:
         waiting = await queued(client, stream, model.groups)
         if waiting >= max_queued:

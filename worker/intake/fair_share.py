@@ -67,6 +67,17 @@ class FairShare(ReadPolicy):
             provisional[k] += self.job_cost / self.weights[k]
         return shares
 
+    def add_lane(self, weight: float = 1.0) -> int:
+        """A tenant's lane added at run time: it starts level with the smallest counter of the others
+        (no credit for the time before it existed, and no debt either)."""
+        if not weight > 0:
+            raise ValueError("every lane needs a weight > 0")
+        start = min(self.counter)
+        lane = super().add_lane()
+        self.weights.append(weight)
+        self.counter.append(start)
+        return lane
+
     def read_back(self, lane: int, asked: int, got: int) -> None:
         was = self.hungry[lane]
         super().read_back(lane, asked, got)

@@ -9,7 +9,15 @@ always) and adds each job to the stream `stream_for(job)` names:
                                    priority >= 10 -> conveyor:requests:p10
     by tenant, tenants [a, b]:     tenant a       -> conveyor:requests:t:a
                                    tenant b       -> conveyor:requests:t:b
-                                   any other, none -> conveyor:requests       (the default lane)
+                                   tenant c       -> conveyor:requests:t:c    ("open": every tenant)
+                                   none, default  -> conveyor:requests       (the default lane)
+
+Tenant layouts are open (`"open": true`): a tenant not named at the workers' start gets a lane of its
+own too, `<requests>:t:<tenant>`, and the client that adds its job also adds the tenant to the set
+`<requests>:tenants` (SADD, before the XADD). Workers read that set every registry interval and add a
+lane for each tenant new to them (weight 1 unless `--tenant-weight` names it), so a tenant first seen at
+run time gets its own share without a restart. A layout without `open` (older workers) sends tenants
+not named to the default lane, as an older client does with any layout.
 
 A job's level is the largest level not above its priority (below the first level: the first). The lane
 that a job with no priority or no tenant goes to is the requests stream itself, so a client that knows
@@ -18,6 +26,7 @@ nothing of lanes still gets its jobs served (at the default priority, in the def
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
@@ -32,6 +41,7 @@ from worker.keys import Keys
 from worker.protocol import TENANT_PATTERN
 from worker.shard_choice import choose_lane
 
+_TENANT = re.compile(TENANT_PATTERN)
 DEFAULT_TENANT = "default"  # the default lane's name in --tenant-weight (the gateway's tenant of a bare key)
 
 
@@ -45,6 +55,7 @@ class LaneLayout(BaseModel):
     levels: list[int] = Field(default_factory=list)  # by priority: ascending, lane k reads level k
     tenants: list[str] = Field(default_factory=list)  # by tenant: lane 0 is the default, lane k+1 tenants[k]
     streams: list[str]  # lane k's request stream
+    open: bool = False  # by tenant: a tenant not named gets a lane of its own (see the module docstring)
 
     @model_validator(mode="after")
     def _one_stream_per_lane(self) -> LaneLayout:
@@ -59,7 +70,26 @@ class LaneLayout(BaseModel):
         return choose_lane(job, self)
 
     def stream_for(self, job: Mapping[str, Any]) -> str:
+        tenant = self.unnamed_tenant(job)
+        if tenant is not None:
+            return tenant_stream(self.streams[0], tenant)
         return self.streams[self.lane_of(job)]
+
+    def unnamed_tenant(self, job: Mapping[str, Any]) -> str | None:
+        """The job's tenant when an open tenant layout gives it a lane not in `streams`: the client adds
+        it to `tenants_key` with the job. A tenant the workers would refuse (not TENANT_PATTERN) goes to
+        the default lane, where its job is answered with the error."""
+        tenant = job.get("tenant")
+        if self.by != "tenant" or not self.open or not isinstance(tenant, str):
+            return None
+        if tenant == DEFAULT_TENANT or tenant in self.tenants or not _TENANT.match(tenant):
+            return None
+        return tenant
+
+    @property
+    def tenants_key(self) -> str:
+        """The set of tenants clients have added jobs for (an open tenant layout): `<requests>:tenants`."""
+        return f"{self.streams[0]}:tenants"
 
     def lanes(self, keys: Keys, group: str) -> list[Lane]:
         """The worker's lanes: each a stream of its own, the jobs' keys shared (a job id is one job in
@@ -79,12 +109,27 @@ def priority_layout(keys: Keys, levels: list[int]) -> LaneLayout:
 
 
 def tenant_layout(keys: Keys, tenants: list[str]) -> LaneLayout:
-    """The default lane (the requests stream: no tenant, or a tenant not named) and one per named tenant."""
+    """The default lane (the requests stream: no tenant) and one per named tenant; open, so every other
+    tenant gets one too once a client has added its first job."""
     named = [t for t in dict.fromkeys(tenants) if t != DEFAULT_TENANT]
     if not named:
         raise ValueError("tenant lanes need at least one tenant besides 'default'")
-    streams = [keys.requests, *(keys.lane(f"t:{tenant}") for tenant in named)]
-    return LaneLayout(by="tenant", tenants=named, streams=streams)
+    streams = [keys.requests, *(tenant_stream(keys.requests, tenant) for tenant in named)]
+    return LaneLayout(by="tenant", tenants=named, streams=streams, open=True)
+
+
+def tenant_stream(requests: str, tenant: str) -> str:
+    """A tenant's lane beside the requests stream (the default lane)."""
+    return f"{requests}:t:{tenant}"
+
+
+def register_tenant(client: Any, layout: LaneLayout | None, job: Mapping[str, Any]) -> None:
+    """Before a client adds `job` to `layout.stream_for(job)`: a tenant with a lane not in the layout
+    is added to the set the workers read, so they add its lane (SADD: once or many times, the same)."""
+    tenant = layout.unnamed_tenant(job) if layout is not None else None
+    if tenant is not None:
+        assert layout is not None
+        client.sadd(layout.tenants_key, tenant)
 
 
 def parse_levels(text: str) -> list[int]:
@@ -100,8 +145,6 @@ def parse_levels(text: str) -> list[int]:
 
 def parse_weights(items: list[str] | tuple[str, ...]) -> dict[str, float]:
     """`--tenant-weight NAME=W` (repeatable; a bare NAME is weight 1). 'default' weighs the default lane."""
-    import re
-
     weights: dict[str, float] = {}
     for item in items:
         name, _, value = item.partition("=")

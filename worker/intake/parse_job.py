@@ -13,13 +13,13 @@ import re
 from pydantic import ValidationError
 
 from worker.error_codes import ErrorCode, JobError
+from worker.intake.json_scan import MAX_JSON_DEPTH, scan_payload
 from worker.intake.limits import Limits, check_max_tokens, check_payload
 from worker.keys import JOB_FIELD
 from worker.protocol import JOB_ID_PATTERN, SAMPLING_FIELDS, Job
 
 _ID_RE = re.compile(JOB_ID_PATTERN)
-# An oversized payload is not parsed; its id is looked for near the start, where clients put it.
-_ID_PREFIX_RE = re.compile(rb'^\s*\{[^{}\[\]]*?"id"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
+# An oversized payload is not scanned whole; its id is looked for near the start, where clients put it.
 _PREFIX_BYTES = 4096
 
 
@@ -28,19 +28,24 @@ def parse_entry(fields: dict[bytes, bytes] | None, limits: Limits) -> Job:
         raise JobError(ErrorCode.INVALID_JSON, "entry has no 'job' field")
     raw = fields[JOB_FIELD]
     if len(raw) > limits.max_payload_bytes:
-        check_payload(raw, limits, _id_from_prefix(raw))  # raises, naming the id when it can
+        check_payload(raw, limits, scan_payload(raw[:_PREFIX_BYTES], _ID_RE).job_id)  # raises
+    # Depth and id come from a non-recursive scan of the bytes: a payload no parser may see (too deep)
+    # or can read (not UTF-8, truncated) is still answered on the stream of the id it names.
+    scan = scan_payload(raw, _ID_RE)
+    if scan.too_deep:
+        raise JobError(ErrorCode.INVALID_JSON, f"job is nested deeper than {MAX_JSON_DEPTH}", scan.job_id)
     try:
         text = raw.decode("utf-8")
         json.loads(text, object_pairs_hook=_refuse_duplicates)  # "not JSON" apart from "wrong shape"
     except DuplicateKey as exc:
-        raise JobError(ErrorCode.INVALID_JOB, str(exc), salvage_id(text)) from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-        raise JobError(ErrorCode.INVALID_JSON, f"job is not UTF-8 JSON: {str(exc)[:200]}") from None
-    job_id = salvage_id(text)
+        raise JobError(ErrorCode.INVALID_JOB, str(exc), scan.job_id) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        reason = f"job is not UTF-8 JSON: {str(exc)[:200]}"
+        raise JobError(ErrorCode.INVALID_JSON, reason, scan.job_id) from None
     try:
         job = Job.model_validate_json(text)
     except ValidationError as exc:
-        raise _validation_error(exc, job_id) from None
+        raise _validation_error(exc, scan.job_id) from None
     check_max_tokens(job.max_tokens, limits, job.id)
     _check_finite(job)
     return job
@@ -68,16 +73,6 @@ def _check_finite(job: Job) -> None:
             raise JobError(ErrorCode.INVALID_PARAMS, f"{name}: must be a finite number, got {value}", job.id)
 
 
-def salvage_id(text: str) -> str | None:
-    """The job's id when the payload is a JSON object with a valid `id`, so its error can be streamed."""
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    job_id = obj.get("id") if isinstance(obj, dict) else None
-    return job_id if isinstance(job_id, str) and _ID_RE.match(job_id) else None
-
-
 def _validation_error(exc: ValidationError, job_id: str | None) -> JobError:
     errors = exc.errors(include_url=False, include_input=False)
     unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
@@ -86,9 +81,3 @@ def _validation_error(exc: ValidationError, job_id: str | None) -> JobError:
     first = errors[0]
     where = ".".join(map(str, first["loc"])) or "job"
     return JobError(ErrorCode.INVALID_JOB, f"{where}: {first['msg']}", job_id)
-
-
-def _id_from_prefix(raw: bytes) -> str | None:
-    """The top-level `id` of an oversized payload, when it comes before any nested object or list."""
-    match = _ID_PREFIX_RE.match(raw[:_PREFIX_BYTES])
-    return match.group(1).decode() if match else None

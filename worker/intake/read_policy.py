@@ -136,6 +136,13 @@ class ReadPolicy(ABC):
         if got:
             self.read_back(lane, asked=got, got=got)
 
+    def add_lane(self) -> int:
+        """A lane added at run time (a tenant first seen: run/tenant_watch.py), read as hungry at once so
+        that its first jobs are found; returns its index."""
+        self.hungry.append(True)
+        self.waited.append(0)
+        return self.lanes - 1
+
     def charge(self, lane: int, cost: int) -> None:  # noqa: B027 (a no-op unless a policy counts service)
         """Jobs read from `lane` were given `cost` more tokens. Ignored unless the policy shares service
         (intake/fair_share.py)."""

@@ -99,16 +99,14 @@ class LanesWorker:
         # An idle cycle's joint wait (below) blocks at most this long: a hook in between_ticks that must
         # run every so often even while idle (HomeWatch) lowers it to its interval.
         self.idle_block_ms = cfg.block_ms
-        per_lane_block = max(1, cfg.block_ms // len(lanes))
         self.workers: list[Worker] = []
         for k, (lane, client) in enumerate(zip(lanes, clients, strict=True)):
-            lane_cfg = replace(cfg, keys=lane.keys, group=lane.group, block_ms=per_lane_block)
-            self.workers.append(Worker(self.shared.views[k], client, lane_cfg, self.observer, self.stop))
-            self.workers[-1].accounts_steps = False  # the shared step is timed once, in tick()
+            self.workers.append(self._lane_worker(self.shared.views[k], lane, client))
         _share_consumer_leases(self.workers)
         self.shared.reserved = lambda k: self.workers[k].reserved()
         self.nodes = NodeRounds()
         self._next = 0  # the lane ticked first in the next cycle
+        self._started: list[Worker] = []  # lanes' workers started (run, add_lane): they write at shutdown
         # Lanes restarted from their server's state, with the ids of the jobs they aborted: their pending
         # entries are read again once those jobs have left the engine (an id runs at most once there).
         self._leaving: dict[int, set[str]] = {}
@@ -117,6 +115,27 @@ class LanesWorker:
     def metrics(self) -> Metrics:
         return self.observer.metrics
 
+    def _lane_worker(self, view, lane: Lane, client: redis.Redis) -> Worker:
+        per_lane_block = max(1, self.cfg.block_ms // len(self.lanes))
+        lane_cfg = replace(self.cfg, keys=lane.keys, group=lane.group, block_ms=per_lane_block)
+        worker = Worker(view, client, lane_cfg, self.observer, self.stop)
+        worker.accounts_steps = False  # the shared step is timed once, in tick()
+        return worker
+
+    def add_lane(self, lane: Lane, client: redis.Redis) -> Worker:
+        """Read one more lane from now on (a tenant first seen: run/tenant_watch.py), on the loop's thread
+        (`between_ticks`) of a running worker, after the policy's own `add_lane`. Its worker starts as the
+        others did: its group made (from the stream's first entry), its own pending entries resumed."""
+        if self.policy.lanes != len(self.lanes) + 1:
+            raise ValueError("add the lane to the read policy first")
+        self.lanes.append(lane)
+        worker = self._lane_worker(self.shared.add_view(), lane, client)
+        self.workers.append(worker)
+        _share_consumer_leases(self.workers)  # one consumer name, one lease token
+        self._started.append(worker)
+        worker.start()
+        return worker
+
     def use_policy(self, policy: ReadPolicy) -> None:
         """Read with `policy` from the next cycle on (call it on the loop's thread: `between_ticks`)."""
         if policy.lanes != len(self.lanes):
@@ -124,7 +143,7 @@ class LanesWorker:
         self.policy = policy
 
     def run(self) -> None:
-        started: list[Worker] = []
+        started = self._started
         redis_lost = False
         try:
             for worker in self.workers:

@@ -1,6 +1,7 @@
 """A worker over priority or tenant lanes (intake/lane_layout.py): a LanesWorker (run/lanes_worker.py)
 whose lanes are the layout's streams, all on one Redis, read with the layout's policy (PriorityLanes or
-FairShare). It writes the layout for clients before it reads.
+FairShare). It writes the layout for clients before it reads; an open tenant layout's worker adds a lane
+for each tenant clients add jobs for (run/tenant_watch.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import redis
 
 from engine.client import EngineClient
 from worker.config import WorkerConfig
+from worker.connection import with_retry
 from worker.intake.lane_layout import LaneLayout, read_policy, write_layout
 from worker.run.lanes_worker import LanesWorker
 from worker.run.observer import Observer
@@ -29,5 +31,11 @@ def layout_worker(
     worker = LanesWorker(
         engine, lanes, [client] * len(lanes), cfg, read_policy(layout, weights or {}), observer
     )
-    write_layout(client, cfg.keys, layout)
+    if layout.open:  # tenants first seen at run time get lanes of their own (run/tenant_watch.py)
+        from worker.run.tenant_watch import TenantWatch
+
+        watch = TenantWatch(worker, client, cfg, layout, weights or {}, lambda: worker.observer.heartbeat)
+        worker.between_ticks.append(watch)
+    # Waited out like every start-up write: a full (or restarting) Redis holds the start, never ends it.
+    with_retry(lambda: write_layout(client, cfg.keys, layout), "writing the lane layout", worker.stop)
     return worker

@@ -1,8 +1,8 @@
-"""Prometheus metrics (served by prometheus_client.start_http_server when --metrics-port > 0)."""
+"""Prometheus metrics (served on --metrics-port by worker/cli/metrics_listener.py)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _FAST_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
@@ -108,7 +108,3 @@ class Metrics:
             ("engine_seconds", engine_s),
         ):
             self._tenant[counter].labels(*self._label_values, tenant, model).inc(amount)
-
-    def serve(self, port: int) -> None:
-        if port > 0:
-            start_http_server(port, registry=self.registry)

@@ -31,6 +31,12 @@ class SharedEngine:
         self.reserved: Callable[[int], int] = lambda shard: 0
         self.views = [EngineView(self, k) for k in range(shards)]
 
+    def add_view(self) -> EngineView:
+        """A view for a lane added at run time (run/lanes_worker.py's add_lane)."""
+        self.buckets.append([])
+        self.views.append(EngineView(self, len(self.views)))
+        return self.views[-1]
+
     def new_cycle(self) -> None:
         self.stepped = False
         self.step_s = 0.0

@@ -41,7 +41,7 @@ def test_worker_options_come_from_the_environment(no_engine, redis_server):
 @pytest.mark.timeout(60)
 def test_submit_streams_tokens(redis_server, r):
     engine = FakeEngine()
-    with running_worker(engine, redis_server.url):
+    with running_worker(engine, redis_server.url, served="tiny"):
         result = CliRunner().invoke(
             main,
             [

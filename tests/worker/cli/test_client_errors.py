@@ -82,15 +82,19 @@ def test_bad_credentials(command, own_server, tmp_path):
 
 @pytest.mark.parametrize("command", ["submit", "batch"])
 def test_no_worker(command, own_server, tmp_path):
+    """No live worker reads the stream: said at once, nothing queued; --wait queues and waits --timeout."""
     url = own_server().url
     result = submit(url) if command == "submit" else batch(url, tmp_path)
+    assert_one_line(result, "no live worker reads conveyor:requests", "--wait")
+    assert connect(url).xlen(K.requests) == 0
+    result = submit(url, "--wait") if command == "submit" else batch(url, tmp_path, "--wait")
     assert_one_line(result, "within 2s: is a worker serving this queue?")
 
 
 @pytest.mark.parametrize("command", ["submit", "batch"])
 def test_redis_lost_mid_follow(command, own_server, tmp_path):
     server = own_server()
-    with running_worker(FakeEngine(step_s=0.05), server.url, drain_timeout_s=0.5):
+    with running_worker(FakeEngine(step_s=0.05), server.url, served="tiny", drain_timeout_s=0.5):
         results = []
         run = (
             (lambda: results.append(submit(server.url, "--max-tokens", "400", "--id", "lost")))

@@ -55,6 +55,7 @@ def test_a_worker_with_priority_lanes_serves_what_submit_puts_in_them(redis_serv
     try:
         keys = Keys()
         wait_until(lambda: r.exists(keys.lane_layout), 60, "the worker's lane layout")
+        wait_until(lambda: registry.live(registry.read(r, keys)), 30, "the worker in the registry")
         assert json.loads(r.get(keys.lane_layout))["streams"] == [
             "conveyor:requests",
             "conveyor:requests:p10",

@@ -197,3 +197,30 @@ def test_a_worker_process_shows_within_one_beat_and_is_lost_one_ttl_after_kill_9
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.redis
+def test_a_heartbeat_refused_by_a_full_redis_is_retried_and_never_fatal(own_server):
+    """docs/operations.md: a full Redis is survived. The first beat (a worker starting on a full server)
+    raised OutOfMemoryError out of the worker's start; now it is logged once and retried with backoff."""
+    import structlog
+
+    from tests.worker.recover.test_redis_failures import make_full
+    from worker.connection import connect
+
+    server = own_server("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
+    r = connect(server.url)
+    make_full(r)
+    beat = heartbeat(r, "full", interval_s=0.5)
+    with structlog.testing.capture_logs() as logs:
+        beat.start()  # returns: the worker goes on to serve
+        try:
+            time.sleep(0.6)
+            assert not r.exists(K.worker("full"))
+            r.config_set("maxmemory", "64mb")
+            wait_until(lambda: r.exists(K.worker("full")), 5, "the record once there is room")
+        finally:
+            beat.stop()
+    said = [entry["event"] for entry in logs]
+    assert said.count("registry heartbeat failed, retrying") == 1  # one line per outage, not per try
+    assert "registry heartbeat written again" in said

@@ -53,7 +53,11 @@ def test_priority_and_tenant_lanes_follow_the_workers_layout():
     by_tenant = tenant_layout(keys, ["acme"])
     model = served(by_tenant.streams)
     assert model.stream_for({"id": "c", "tenant": "acme"}, "conveyor", by_tenant) == by_tenant.streams[1]
-    assert model.stream_for({"id": "d", "tenant": "other"}, "conveyor", by_tenant) == keys.requests
+    # A tenant not named has a lane of its own (the layout is open); no tenant: the default lane.
+    assert (
+        model.stream_for({"id": "d", "tenant": "other"}, "conveyor", by_tenant) == "conveyor:requests:t:other"
+    )
+    assert model.stream_for({"id": "e"}, "conveyor", by_tenant) == keys.requests
 
 
 def test_a_shard_streams_output_is_read_under_the_shards_keys():

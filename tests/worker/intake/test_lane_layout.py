@@ -41,12 +41,24 @@ def test_a_job_goes_to_the_largest_level_not_above_its_priority():
     assert layout.stream_for({"id": "j"}) == "conveyor:requests"  # no priority: 0
 
 
-def test_named_tenants_have_their_own_lanes_and_the_rest_share_the_default_lane():
+def test_every_tenant_has_a_lane_of_its_own_and_jobs_without_one_share_the_default_lane():
     layout = tenant_layout(Keys(prefix="q"), ["a", "default", "b"])
-    assert layout.tenants == ["a", "b"]
+    assert layout.tenants == ["a", "b"] and layout.open
     assert layout.streams == ["q:requests", "q:requests:t:a", "q:requests:t:b"]
     jobs = [{"id": "1"}, {"id": "2", "tenant": "a"}, {"id": "3", "tenant": "zz"}, {"id": "4", "tenant": "b"}]
-    assert [layout.lane_of(j) for j in jobs] == [0, 1, 0, 2]
+    assert [layout.lane_of(j) for j in jobs] == [0, 1, 0, 2]  # the named lanes (zz's is not one of them)
+    assert [layout.stream_for(j) for j in jobs] == [
+        "q:requests",
+        "q:requests:t:a",
+        "q:requests:t:zz",
+        "q:requests:t:b",
+    ]
+    assert [layout.unnamed_tenant(j) for j in jobs] == [None, None, "zz", None]
+    assert layout.tenants_key == "q:requests:tenants"
+    for odd in ("default", "a:b", "x" * 65, 7):  # the default lane; a tenant the workers would refuse
+        assert layout.stream_for({"id": "5", "tenant": odd}) == "q:requests"
+    closed = layout.model_copy(update={"open": False})  # a layout an older worker wrote
+    assert closed.stream_for({"id": "3", "tenant": "zz"}) == "q:requests"
     assert lane_weights(layout, {"a": 3.0, "default": 2.0}) == [2.0, 3.0, 1.0]
     with pytest.raises(ValueError):
         tenant_layout(Keys(), ["default"])
@@ -68,6 +80,7 @@ def test_the_layout_round_trips_as_json_and_readers_ignore_unknown_fields():
         "levels": [0, 10],
         "tenants": [],
         "streams": ["conveyor:requests", "conveyor:requests:p10"],
+        "open": False,
     }
     assert LaneLayout.model_validate_json(json.dumps({**wire, "later": 1})) == layout
     with pytest.raises(ValueError):

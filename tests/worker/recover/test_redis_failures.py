@@ -8,7 +8,7 @@ import pytest
 import redis
 import structlog
 
-from tests.helpers.worker_fakes import FakeEngine, running_worker, wait_until
+from tests.helpers.worker_fakes import FakeEngine, log_lines, running_worker, spawn_worker, wait_until
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
@@ -27,6 +27,19 @@ def make_full(client: redis.Redis) -> None:
     client.config_set("maxmemory", used // 2)
     with pytest.raises(redis.OutOfMemoryError):
         client.set("probe", b"x")
+
+
+def fill(client: redis.Redis) -> None:
+    """Redis full as a user fills it: values written until one is refused, so the server sits at its limit
+    (small writes may still fit now and then as buffers are freed; a larger one does not)."""
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + (4 << 20))
+    k = 0
+    while True:
+        try:
+            client.set(f"fill:{k}", b"x" * 1024)
+        except redis.OutOfMemoryError:
+            return
+        k += 1
 
 
 def token_indices(events: list[dict]) -> list[int]:
@@ -118,3 +131,36 @@ def test_a_crashed_workers_name_is_taken_once_its_lease_lapses(redis_server, r):
         r.pexpire(key, 100)  # the dead process's lease runs out
         enqueue(r, {"id": "j", "prompt": "x", "max_tokens": 3})
         assert collect(r, "j", timeout_s=10)[-1]["type"] == "done"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("lanes", [(), ("--tenant-weight", "a=2")], ids=["plain", "tenant-lanes"])
+def test_a_worker_started_on_a_full_redis_waits_and_then_finishes_every_job(
+    own_server, tiny_model, tmp_path, lanes
+):
+    """docs/operations.md: a full Redis is survived, also by a worker that starts while it is full. Its
+    start-up writes (the lane layout, the consumer name, the registry record) wait for room instead of
+    ending it with an OutOfMemoryError."""
+    server = own_server("--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
+    client = connect(server.url)
+    ids = [f"f{k}" for k in range(20)]
+    for job_id in ids:
+        enqueue(client, {"id": job_id, "prompt": "x", "max_tokens": 4})
+    fill(client)
+    log = tmp_path / "worker.log"
+    proc = spawn_worker(server.url, tiny_model, "full1", log, *lanes)
+    try:
+        said = lambda: {line.get("event") for line in log_lines(log)}  # noqa: E731
+        wait_until(lambda: proc.poll() is not None or any(s and "full" in s for s in said()), 90, "full seen")
+        threading.Event().wait(2)  # a few heartbeat intervals while full
+        assert proc.poll() is None, f"the worker died on a full Redis: {log.read_text()[-2000:]}"
+        client.delete(*client.keys("fill:*"))
+        results = [collect(client, job_id, timeout_s=60) for job_id in ids]
+        assert all(events[-1]["type"] == "done" for events in results)
+        wait_until(
+            lambda: client.exists(K.worker("full1")), 10, "the worker in the registry once there is room"
+        )
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

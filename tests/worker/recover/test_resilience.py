@@ -9,6 +9,7 @@ import structlog
 
 from tests.helpers.worker_fakes import FakeEngine, running_worker, wait_until
 from worker import local_redis
+from worker.cli.metrics_listener import bind_metrics
 from worker.client import collect, enqueue
 from worker.connection import connect
 
@@ -44,7 +45,9 @@ def test_worker_survives_a_redis_restart():
 def test_metrics_endpoint(redis_server, r):
     port = local_redis.free_port()
     with running_worker(FakeEngine(), redis_server.url, lease_ms=300) as worker:
-        worker.metrics.serve(port)
+        listener = bind_metrics("127.0.0.1", port, explicit=True)
+        assert listener is not None
+        listener.serve(worker.metrics.registry)
         enqueue(r, {"id": "m1", "prompt": "x", "max_tokens": 3})
         collect(r, "m1", timeout_s=10)
         body = wait_until(lambda: scrape(port, 'outcome="length"'), 10, "the job's outcome in /metrics")

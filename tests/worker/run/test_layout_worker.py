@@ -5,6 +5,9 @@ show that smaller priorities run first across the backlog and that tenants share
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -125,7 +128,56 @@ def test_a_flooding_tenant_shares_by_weight_and_cannot_delay_another(
     assert abs(ratio / (weight_a / weight_b) - 1) <= 0.15, (served, order[first_b:])
 
 
-def test_jobs_of_tenants_not_named_and_without_one_share_the_default_lane(redis_server, tiny_model):
+def test_a_tenant_first_seen_at_run_time_gets_its_own_share_without_a_restart(redis_server, tiny_model):
+    """Issue 43 row 16: tenants not named by --tenant-weight shared the default lane, so one flooding it
+    delayed the others. Now each gets a lane of weight 1 within a registry interval of its first job:
+    `late`, arriving behind 200 jobs of `flood` (neither named), is read long before flood's
+    backlog, sharing 1:1 with it, and both lanes show in the worker's registry record."""
+    from worker.fleet.heartbeat import Heartbeat
+
+    client = connect(redis_server.url)
+    client.flushall()
+    seqs, tokens = 4, 4
+    layout = tenant_layout(KEYS, ["a"])
+    cfg = replace(_cfg(), registry_interval_s=0.2)
+    worker = layout_worker(real_engine(tiny_model, max_num_seqs=seqs), client, cfg, layout, {})
+    beat = Heartbeat(
+        client,
+        KEYS,
+        consumer="t",
+        model="tiny",
+        group="g",
+        streams=layout.streams,
+        max_model_len=256,
+        capacity=4,
+    )
+    worker.observer.heartbeat = beat
+    entries = {f"f{i}": enqueue(client, _job(f"f{i}", tokens, tenant="flood"), KEYS) for i in range(200)}
+    assert client.xlen("conveyor:requests:t:flood") == 200 and client.smembers(layout.tenants_key) == {
+        b"flood"
+    }
+    late = [f"l{i}" for i in range(10)]
+    with capture_logs() as logs, on_a_thread(worker):
+        wait_until(lambda: len(_admitted(logs)) >= 2 * seqs, 30, "tenant flood served alone for a while")
+        before = len(_admitted(logs))
+        for job_id in late:
+            entries[job_id] = enqueue(client, _job(job_id, tokens, tenant="late"), KEYS)
+        wait_terminal(client, late, timeout_s=60)
+        beat.beat()
+        record = json.loads(client.get(KEYS.worker("t")))
+    order = _admitted(logs)
+    at = [i for i, j in enumerate(order) if j.startswith("l")]
+    # Its lane is read once the worker has seen the tenant (one registry interval), then shares with
+    # flood's: late's ten jobs are all read long before flood's backlog of 200 is.
+    assert at[0] < 100 and at[-1] - at[0] <= 3 * len(late), (before, at)
+    assert {"conveyor:requests:t:flood", "conveyor:requests:t:late"} <= set(record["streams"])
+    assert worker.policy.weights == [1.0, 1.0, 1.0, 1.0]  # default, a, then flood and late at weight 1
+    said = [e for e in logs if e.get("event") == "tenant lane added"]
+    assert [e["tenant"] for e in said] == ["flood", "late"]
+    beat.stop()
+
+
+def test_jobs_without_a_tenant_share_the_default_lane_and_every_tenant_has_its_own(redis_server, tiny_model):
     client = connect(redis_server.url)
     client.flushall()
     layout = tenant_layout(KEYS, ["a"])
@@ -133,8 +185,9 @@ def test_jobs_of_tenants_not_named_and_without_one_share_the_default_lane(redis_
     jobs = [_job("named", 3, tenant="a"), _job("other", 3, tenant="zz"), _job("none", 3)]
     for job in jobs:
         enqueue(client, job, KEYS)
-    assert client.xlen("conveyor:requests:t:a") == 1 and client.xlen("conveyor:requests") == 2
+    assert client.xlen("conveyor:requests:t:a") == 1 and client.xlen("conveyor:requests") == 1
+    assert client.xlen("conveyor:requests:t:zz") == 1
     with on_a_thread(worker):
         done = wait_terminal(client, [j["id"] for j in jobs], timeout_s=60)
     assert [done[j["id"]][-1]["usage"]["completion_tokens"] for j in jobs] == [3, 3, 3]
-    assert worker.policy.weights == [2, 1]  # the default lane, then tenant a
+    assert worker.policy.weights == [2, 1, 1]  # the default lane, tenant a, then zz once seen
