@@ -15,9 +15,9 @@ import json
 import re
 from dataclasses import dataclass
 
-# Deepest nesting a job may have (objects and lists together; a chat job with content parts is 4 deep).
-# Deeper payloads are refused as invalid_json before any parser sees them.
-MAX_JSON_DEPTH = 64
+from worker.strict_json import MAX_JSON_DEPTH  # the one limit: jobs, bodies, batch lines and events
+
+__all__ = ["MAX_JSON_DEPTH", "scan_payload"]
 
 # A JSON string (escapes included, unterminated ones not matched), a bracket or a colon. Numbers, literals
 # and commas are not tokens (a list of 8k token ids is two tokens); a key is a string followed by a colon,
