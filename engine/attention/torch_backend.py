@@ -1,9 +1,9 @@
 """Pure-torch paged attention: the CPU path, and the reference the Triton kernels are compared to.
 
 Attention runs one sequence at a time. Gathering every decode row's keys into one padded [B, L_max] batch
-looked cheaper (one call per layer) but measured 6x slower on a 2-core CPU at 64 sequences (52.6 vs 8.4
-ms per layer in fp32, benchmarks/cpu_decode_attention.py): the padded copy (~180 MB) cannot stay in the CPU caches, while one sequence's keys (a few MB
-at most) are still there when the attention right after the gather reads them.
+looked cheaper (one call per layer) but measured several times slower at 64 sequences: the padded copy
+(~180 MB) cannot stay in the CPU caches, while one sequence's keys (a few MB at most) are still there when
+the attention right after the gather reads them.
 
 Per sequence and layer: a gather of its KV blocks (index_select over whole blocks), then one SDPA call.
 A prefill chunk with no cached context reads this step's K/V rows directly and gathers nothing. A decode
@@ -22,12 +22,12 @@ Per-call work. Each torch call costs microseconds of dispatch and a decode step 
 of them, so the loop makes few: K and V are each one as_strided view [1, kv_heads, L, D] of their gathered
 blocks (not view, slice, transpose, unsqueeze: ~36 aten calls per sequence and layer, from ~51), and
 decode-only steps concatenate the SDPA outputs once. Two things that look cheaper measured slower (fp32,
-one thread, a 1 GB pool, so K/V come from DRAM as in serving; benchmarks/torch_attention_before_after.py):
-- one index_select over the layer's [2, ...] pair of the pool instead of two: 1.15-1.3x slower per layer
-  (32 decode rows of 36-389 tokens), likely because in one buffer V sits a multiple of 32 KiB (one block)
+one thread, a 1 GB pool, so K/V come from DRAM as in serving):
+- one index_select over the layer's [2, ...] pair of the pool instead of two: slower per layer, likely
+  because in one buffer V sits a multiple of 32 KiB (one block)
   after K, so SDPA's reads of a key row and its value row compete for the same L1 sets;
-- no gather for a sequence whose blocks are consecutive (K and V as views of the pool): 1.5x slower per
-  sequence at 13 blocks (154-161 vs 100-104 us), as slow at 2: SDPA reads each head's rows at a stride of
+- no gather for a sequence whose blocks are consecutive (K and V as views of the pool): slower per
+  sequence, from 2 blocks up: SDPA reads each head's rows at a stride of
   kv_heads * D, which from DRAM defeats the prefetcher, while index_select streams whole blocks and leaves
   them in L2 for SDPA to read.
 """

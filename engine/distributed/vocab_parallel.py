@@ -20,9 +20,9 @@ from engine.distributed.group import TPGroup
 from engine.distributed.partition import vocab_span
 from engine.distributed.weight_loader import SliceSource, check_shape, copy_part, set_weight_loader
 
-# Rows of the LM head weight per matmul on the CPU, and the fewest input rows for which slicing pays
-# (benchmarks/cpu_gemm_layouts.py: each slice's [R, slice] output block stays in cache while the weight
-# streams past it; one row is as fast as one matmul, or faster).
+# Rows of the LM head weight per matmul on the CPU, and the fewest input rows for which slicing pays (each
+# slice's [R, slice] output block stays in cache while the weight streams past it; below 8 input rows one
+# matmul is as fast, or faster).
 LM_HEAD_SLICE = 2048
 LM_HEAD_SLICE_MIN_ROWS = 8
 

@@ -1,7 +1,7 @@
 """Sampling when every token of the vocabulary is a candidate (no top-k, no top-p): one uniform per row.
 
 The exponential race (`engine.sampling.race`) needs one noise value per candidate; over a whole
-[256, 32000] vocabulary that hashing took ~1.6 s per step on this CPU. With every token a candidate there
+[256, 32000] vocabulary that hashing costs far more than the step's model work on a CPU. With every token a candidate there
 is no candidate set to be independent of, so the token is drawn by inverse transform instead: the cumulative
 sum of the row's weights (float64, so the tail keeps its resolution) and one uniform u in [0, 1) per row,
 token = the first index whose cumulative weight exceeds u x the row's mass; the sum is taken over blocks and

@@ -4,7 +4,7 @@ top_p (with top_k off) keeps tokens in descending order until the mass strictly 
 top_p x the row's mass. So once the K most likely tokens hold more than top_p x mass, every later token is
 cut and the race over those K candidates picks what the race over the whole sorted vocabulary would.
 Per row, K = 64, then 4x larger until the nucleus fits (a sort of the row past V / 2). A whole-row sort
-took ~580 ms for [256, 32000] on this CPU, and the noise for all 32000 candidates more; here one
+of [256, 32000] costs hundreds of milliseconds on a CPU, and the noise for all 32000 candidates more; here one
 tempered-mass pass over the row and a top-64 usually do.
 
 The mass of the whole row is returned because the top-p cut is relative to it, not to the candidates' sum.

@@ -14,8 +14,7 @@ when fewer are: penalised seen tokens still rank high.
 
 k' - k adapts between steps (`extra`, read back after the call): raised after a step where a row missed,
 x 15/16 after one where none did. This replaces gathering, scaling, scattering and restoring every seen
-token of every row (~230k entries for 256 rows of 1k-token contexts: ~5 ms of memory-bound work on this
-CPU) with a bit test of [R, 8k'].
+token of every row (~230k entries for 256 rows of 1k-token contexts, memory-bound) with a bit test of [R, 8k'].
 """
 
 from __future__ import annotations

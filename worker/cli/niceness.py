@@ -2,8 +2,8 @@
 
 A worker that computes on the CPU keeps every core busy between steps. The gateway, Redis and the clients
 on the same host each wake for a moment per step (the gateway's pass over its streams, Redis's replies),
-and at equal priority each waits for a core behind the engine's threads: on a 2-core VM that wait was most
-of the gateway's p99 added latency (benchmarks/RESULTS.md, session 19). At niceness 19 the kernel runs
+and at equal priority each waits for a core behind the engine's threads: on a small host that wait is
+most of the gateway's p99 added latency. At niceness 19 the kernel runs
 them first; the engine loses only the few percent of a core they use. A GPU worker's threads mostly wait
 for the device and need none of this.
 """

@@ -2,8 +2,8 @@
 middleware (metrics, body limit) and outside FastAPI's exception middleware.
 
 Every other request is matched against each route FastAPI knows, then passes its exception middleware,
-its endpoint wrappers and its dependency solver. For a completion request that was about 40% of the
-gateway's CPU spent taking it in (py-spy, 256 streaming requests, session 12), time during which no
+its endpoint wrappers and its dependency solver. For a completion request that was a large part of the
+gateway's CPU spent taking it in (a py-spy profile of 256 streaming requests), time during which no
 other stream's chunk is written. Here the request costs a dict lookup, the API-key check and the route's
 own work, with OpenAI's error object for an APIError as errors.install answers it in FastAPI.
 

@@ -2,8 +2,8 @@
 
 Once the app is built, what start-up left on the heap (the modules, FastAPI's routes and models: ~80k
 objects) is frozen out of the garbage collector's reach (gc.freeze). A full collection walks every object
-it tracks, and every stream waits meanwhile: on the 2-core VM one took ~23 ms over this heap, and one
-that ran mid-benchmark stalled the streams for 50 ms (benchmarks/RESULTS.md, session 11). Frozen
+it tracks, and every stream waits meanwhile: over this heap a collection takes tens of milliseconds,
+during which no chunk is written. Frozen
 objects are still freed by reference counting; only a reference cycle among them that becomes garbage
 later is never reclaimed. vLLM's API server, SGLang and Ray Serve make the same trade.
 """

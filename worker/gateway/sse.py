@@ -3,8 +3,8 @@
 A stream's chunks are written in the pass in which the stream hub hands out one read's events to every
 stream it holds, not by a task per stream woken for it: when the engine starts or ends 50 jobs in one
 step, one read holds 50 streams' first or last chunks, and woken one after another (each through its
-generators, its disconnect listener, its response's set-up) the last of them waited ~3 ms behind the
-others on a 2-core VM (benchmarks/RESULTS.md, sessions 14-16). Starlette's StreamingResponse, the first
+generators, its disconnect listener, its response's set-up) the last of them waits milliseconds behind
+the others. Starlette's StreamingResponse, the first
 form, also learned of a disconnect only when it next sent: here a listener notices it while the stream
 waits, and the job is cancelled.
 """

@@ -1,9 +1,9 @@
 """The jobs that requests submit in one turn of the loop, sent to Redis as one pipeline.
 
 When the engine ends 50 jobs in one step their clients send their next requests together, and the
-gateway takes them in one after another, each up to its XADD. Sent alone, each XADD cost ~85 us of the
-gateway's CPU on a 2-core VM (redis-py's command path, a socket write, a wake-up for its reply), about a
-third of a request's intake (py-spy, benchmarks/RESULTS.md session 16). Here the first request of a turn
+gateway takes them in one after another, each up to its XADD. Sent alone, each XADD costs the gateway
+redis-py's command path, a socket write and a wake-up for its reply: a large share of a request's intake
+in a profile. Here the first request of a turn
 schedules a flush at the end of the turn, and those that reach their XADD before it ride in the same
 pipeline. Each request still gets its own outcome: its entry id, or the error of its command or of the
 connection. Not transactional: one job refused does not stop the others.

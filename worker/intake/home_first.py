@@ -27,7 +27,7 @@ Stealing sticks to one victim lane: the lane stolen from last is stolen from aga
 back full and it stays stealable; only then does the worker pick another, the longest waiting of the
 hungry stealable lanes. A stolen job whose prefix the stealer has not cached recomputes it, so jobs
 stolen from one shard (a few prefixes) cost a few prefix computations, where stealing from every
-stealable shard in turn costs one per job (benchmarks/RESULTS.md, session 8).
+stealable shard in turn costs one per job.
 
 A shard whose home worker died becomes stealable, then another worker's home, within one registry TTL
 plus one interval (worker/fleet/home_watch.py): within one lease with the defaults.
