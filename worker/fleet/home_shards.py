@@ -1,4 +1,4 @@
-"""Home shards: which live worker reads each shard of the queue first (issue 22), by rendezvous hashing.
+"""Home shards: which live worker reads each shard of the queue first, by rendezvous hashing.
 
 Every shard k goes to the worker whose weight sha256("<consumer>/<k>") is highest. Each worker computes
 the same answer from the same list of live consumer names (the registry, worker/fleet/registry.py), with

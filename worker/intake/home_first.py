@@ -1,4 +1,4 @@
-"""Home lanes first, then stealing: a lane per shard, some of them this worker's home (issue 22).
+"""Home lanes first, then stealing: a lane per shard, some of them this worker's home.
 
 Home lanes (chosen elsewhere, e.g. by rendezvous hashing over the live workers) take the room while any
 of them is hungry (its last read was full), split evenly between the hungry ones, any remainder to the

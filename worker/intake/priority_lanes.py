@@ -1,7 +1,7 @@
 """Priority lanes: a lane per priority level, lane 0 first (smaller priorities run first across the queue).
 
 A worker that reads a single stream orders only what it has already taken: a job with priority 0 queued
-behind eight jobs of priority 10 waits for them (issue 23). With a lane per level, the room goes to the
+behind eight jobs of priority 10 waits for them. With a lane per level, the room goes to the
 levels in order: a hungry lane (its last read was full) takes all that is left; a lane that came back
 short is drained, and is probed with one entry so that new work is seen (a full probe makes it hungry
 again), but not in a round after one whose probes all found nothing (ReadPolicy.may_probe: a probe's

@@ -18,7 +18,7 @@ tick), so an idle cycle there takes about max(block_ms, lanes x 100 ms).
 
 The policy may change at run time: `policy` is a plain attribute read once per cycle, `use_policy`
 swaps it, and callables given to `between_ticks` run on the loop's thread before each cycle, where
-another component (a registry that moves home shards, issue 22) may call the policy's methods.
+another component (a registry that moves home shards) may call the policy's methods.
 
 A lane's Redis may change under it (a cluster shard's master failing over): `LaneServers` says how to
 notice it. The lane's worker then forgets its jobs (aborted in the engine, nothing written) and starts

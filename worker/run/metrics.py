@@ -52,7 +52,7 @@ class Metrics:
             names,
             registry=self.registry,
         ).labels(*values)
-        # Prefix affinity (issue 22): what the prefix cache and routing saved, and where jobs were read.
+        # Prefix affinity: what the prefix cache and routing saved, and where jobs were read.
         self.prompt_tokens = Counter(
             "conveyor_prompt_tokens", "Prompt tokens received by the engine", names, registry=self.registry
         ).labels(*values)
