@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
 import torch
 
 from engine.attention.backend import AttentionBackend, get_attention_backend
@@ -25,6 +26,10 @@ from engine.dtype_rules import resolve_dtype
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import config_dtype, config_ids
 from engine.models.registry import is_native
+from engine.quant import quantize_model, weight_bytes
+from engine.quant.apply import Raw
+
+log = structlog.get_logger("conveyor.engine")
 
 if TYPE_CHECKING:
     from engine.models.generic.model import TransformersCausalLM
@@ -109,6 +114,7 @@ def load_model(
     attention_backend: AttentionBackend | None = None,
     model_impl: str = "auto",
     tp: TPGroup | None = None,
+    quantization: str = "auto",
 ) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelSpec]:
     """Build the model for a HF checkpoint and load its weights. Returns (model in eval mode, spec).
 
@@ -116,7 +122,8 @@ def load_model(
     `model_impl`: "native" (our Llama-family code), "transformers" (the model's own transformers code on our
     paged attention, engine/models/generic/), or "auto": native for the Llama family, transformers otherwise.
     `tp`: this process's rank in its tensor-parallel group (None: the whole model here). Every rank calls
-    load_model with its own group; the spec it gets back describes that rank's part (see ModelSpec)."""
+    load_model with its own group; the spec it gets back describes that rank's part (see ModelSpec).
+    `quantization`: engine/quant/apply.py's modes, applied to the native model after its weights load."""
     tp = tp or TPGroup.single()
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
@@ -127,6 +134,11 @@ def load_model(
         raise FileNotFoundError(f"no config.json in {model_dir}")
     cfg = json.loads(config_path.read_text())
     if model_impl == "transformers" or (model_impl == "auto" and not is_native(cfg)):
+        if quantization not in ("auto", "none"):
+            raise ValueError(
+                f"quantization {quantization} runs on the native Llama-family model only; "
+                f"{cfg.get('architectures') or cfg.get('model_type')} loads on the transformers path"
+            )
         return _load_generic(model_dir, cfg, dtype, device, attention_backend, tp)
     args = ModelArgs.from_hf(cfg)
     check_model_splits(args.num_heads, args.num_kv_heads, args.intermediate_size, tp.size)
@@ -137,6 +149,7 @@ def load_model(
     materialize(net, device)
     use_sliced_head(net, device)
     load_weights(net, model_dir)
+    quantize_and_report(net, quantization, tp)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
     spec = ModelSpec(
@@ -152,6 +165,20 @@ def load_model(
         tp_size=tp.size,
     )
     return net, spec
+
+
+def quantize_and_report(net: torch.nn.Module, quantization: str, tp: TPGroup, raw: Raw | None = None) -> None:
+    """Quantize the loaded native model (engine/quant) and log, once per rank, what its weights take."""
+    summary = quantize_model(net, quantization, raw)
+    size = weight_bytes(net)
+    log.info(
+        "weights loaded",
+        quantization=quantization,
+        weight_bytes=size,
+        weight_mib=round(size / 2**20, 1),
+        linear_layers=summary.layers or "as loaded",
+        tp_rank=tp.rank,
+    )
 
 
 def _load_generic(
