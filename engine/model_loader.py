@@ -28,6 +28,7 @@ from engine.models.config import config_dtype, config_ids
 from engine.models.registry import is_native
 from engine.quant import quantize_model, weight_bytes
 from engine.quant.apply import Raw
+from engine.quant.fp8 import fp8_device_refusal
 
 log = structlog.get_logger("conveyor.engine")
 
@@ -128,6 +129,9 @@ def load_model(
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
     device = resolve_device(device)
+    refusal = fp8_device_refusal(device) if quantization == "fp8" else None
+    if refusal is not None:  # before any weight is read
+        raise ValueError(refusal)
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.exists():

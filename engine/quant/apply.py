@@ -132,8 +132,8 @@ def _kernel(mode: str, w: torch.Tensor, blocks: list[RawBlocks] | None) -> tuple
 def _rank_blocks(raw: Raw, name: str, module: nn.Module) -> list[RawBlocks] | None:
     """The file's blocks of this rank's part of a layer, one entry per fused part; None when the file has
     no blocks for some part or they cannot be cut to this rank's columns."""
-    base = "model." + name.rsplit(".", 1)[0] + "."
-    own = name.rsplit(".", 1)[1]
+    parent, _, own = name.rpartition(".")
+    base = "model." + (parent + "." if parent else "")
     out: list[RawBlocks] = []
     if isinstance(module, ColumnParallelLinear):
         for shard, seg in module.segments.items():

@@ -5,7 +5,7 @@
 The real path is `torch._scaled_mm` with row-wise scales, on CUDA GPUs of compute capability 8.9 or newer
 (Ada, Hopper): it needs in_features and out_features multiples of 16 and gives bfloat16 (cast to the
 model's dtype). `emulate=True` rounds weights and activations to e4m3 the same way and multiplies in
-float32: it runs anywhere, for fidelity measurements, and saves the same memory, but no time.
+float32: it runs anywhere, for fidelity measurements only (it also keeps the rounded weights in float32).
 """
 
 from __future__ import annotations
@@ -57,12 +57,13 @@ class Fp8Weight(nn.Module):
         self.scale: torch.Tensor
         self.register_buffer("q", q.to(device))
         self.register_buffer("scale", scale.to(device))
+        # The emulation multiplies by the rounded weights in float32, made once rather than per call.
+        self.emulated = (q.float() * scale[:, None]).to(device) if emulate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [M, K] -> [M, N]
         xq, xs = quantize_fp8(x)
-        if self.emulate:
-            xd = xq.float() * xs[:, None]
-            return (xd @ (self.q.float() * self.scale[:, None]).t()).to(x.dtype)
+        if self.emulated is not None:
+            return ((xq.float() * xs[:, None]) @ self.emulated.t()).to(x.dtype)
         y = torch._scaled_mm(
             xq, self.q.t(), scale_a=xs[:, None], scale_b=self.scale[None, :], out_dtype=torch.bfloat16
         )

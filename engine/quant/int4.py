@@ -56,11 +56,12 @@ def quantize_int4(
 
 
 def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """The op's reading of the codes, in float32: [N, K] (a reference for tests and the emulated path)."""
+    """The op's reading of the codes: [N, K] float32. The CPU op rounds once (a fused multiply-add), so
+    this computes in float64 and rounds to float32 once, to match it bit for bit."""
     group = codes.shape[1] // scale.shape[1]
-    s = scale.float().repeat_interleave(group, 1)
-    z = zero.float().repeat_interleave(group, 1)
-    return (codes.float() - 8) * s + z
+    s = scale.double().repeat_interleave(group, 1)
+    z = zero.double().repeat_interleave(group, 1)
+    return ((codes.double() - 8) * s + z).float()
 
 
 class Int4Weight(nn.Module):
