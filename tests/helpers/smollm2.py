@@ -147,7 +147,10 @@ def load_smollm2() -> SmolLM2:
     import gguf
 
     reader = gguf.GGUFReader(gguf_path())
-    heads, kv_heads = _scalar(reader, "llama.attention.head_count"), _scalar(reader, "llama.attention.head_count_kv")
+    heads, kv_heads = (
+        _scalar(reader, "llama.attention.head_count"),
+        _scalar(reader, "llama.attention.head_count_kv"),
+    )
     tokens = _strings(reader.fields["tokenizer.ggml.tokens"])
     cfg = {
         "architectures": ["LlamaForCausalLM"],
