@@ -74,6 +74,8 @@ def run_config(model: str, quantization: str, dtype: str, args: argparse.Namespa
         device=args.device,
         max_num_seqs=max(args.num_prompts, 1),
         max_model_len=args.input_len + args.output_len + 1,
+        # Room for every request at once, and no more: a default 1 GiB pool would dwarf a small model.
+        num_kv_blocks=max(args.num_prompts, 1) * (-(-(args.input_len + args.output_len + 1) // 16) + 1),
     )
     try:
         vocab = llm.spec.vocab_size
