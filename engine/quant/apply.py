@@ -100,26 +100,26 @@ def _kernel(mode: str, w: torch.Tensor, blocks: list[RawBlocks] | None) -> tuple
     n, k = w.shape
     device, dtype = w.device, w.dtype
     types = sorted({qtype_name(q) for q, _, _ in blocks}) if blocks else []
+    loaded = f"as loaded ({'/'.join(types)})" if types else "as loaded"
+    unfit4 = int4_unfit_reason(n, k, GROUP_SIZE, device, dtype)
     if blocks and mode in ("auto", "int4") and set(types) <= set(INT4_TYPES):
-        if int4_unfit_reason(n, k, GROUP_SIZE, device, dtype) is None:
-            parts = [q4_to_int4(*b) for b in blocks]
-            codes, scale, zero = (torch.cat([p[i] for p in parts]) for i in range(3))
-            return f"int4 g{GROUP_SIZE} ({'/'.join(types)} blocks)", Int4Weight(
-                codes, scale, zero, dtype, device
-            )
+        if unfit4 is not None:
+            return f"{loaded}: {unfit4}", None
+        parts = [q4_to_int4(*b) for b in blocks]
+        codes, scale, zero = (torch.cat([p[i] for p in parts]) for i in range(3))
+        kind = f"int4 g{GROUP_SIZE} ({'/'.join(types)} blocks)"
+        return kind, Int4Weight(codes, scale, zero, dtype, device)
     if blocks and mode in ("auto", "int8") and types == ["Q8_0"]:
         q8 = [q8_0_to_int8(data, shape) for _, data, shape in blocks]
         scales = [q8_0_per_channel(d) for _, d in q8]
         if all(s is not None for s in scales):
             scale = torch.cat([s for s in scales if s is not None])
             return "int8 (Q8_0 blocks)", Int8Weight(torch.cat([q for q, _ in q8]), scale, dtype, device)
-    loaded = f"as loaded ({'/'.join(types)})" if types else "as loaded"
     if mode == "auto":
         return loaded, None
     if mode == "int4":
-        reason = int4_unfit_reason(n, k, GROUP_SIZE, device, dtype)
-        if reason is not None:
-            return f"{loaded}: {reason}", None
+        if unfit4 is not None:
+            return f"{loaded}: {unfit4}", None
         return f"int4 g{GROUP_SIZE}", Int4Weight(*quantize_int4(w, GROUP_SIZE), dtype, device)
     if mode == "int8":
         return "int8", Int8Weight(*quantize_int8(w), dtype, device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.distributed.group import TPGroup
-from engine.distributed.parallel_linear import RowParallelLinear, qkv_linear
+from engine.distributed.parallel_linear import RowParallelLinear, column_linear, qkv_linear
 from engine.distributed.vocab_parallel import ParallelLMHead
 from engine.model_loader import load_model
 from engine.quant import quantize_model, weight_bytes
@@ -235,3 +235,14 @@ def test_row_parallel_columns_that_split_a_block_keep_the_loaded_shard():
     w = np.random.default_rng(1).standard_normal((64, 96)).astype(np.float32)
     files = {"model.o_proj.weight": (T.Q4_0, gguf.quants.quantize(w, T.Q4_0), w.shape)}
     assert quantize_model(holder, "auto", raw=files.__getitem__).layers == {"as loaded": 1}
+
+
+def test_blocks_a_kernel_cannot_take_stay_as_loaded_and_say_why():
+    holder = torch.nn.Module()
+    holder.proj = column_linear(64, 24, False, TPGroup.single())  # 24 rows: not a multiple of 16
+    w = np.random.default_rng(2).standard_normal((24, 64)).astype(np.float32)
+    files = {"model.proj.weight": (T.Q4_1, gguf.quants.quantize(w, T.Q4_1), w.shape)}
+    layers = quantize_model(holder, "auto", raw=files.__getitem__).layers
+    assert layers == {
+        "as loaded (Q4_1): out_features 24 is not a multiple of 16 (the CPU int4 packing's tile)": 1
+    }
