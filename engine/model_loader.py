@@ -175,6 +175,13 @@ def quantize_and_report(net: torch.nn.Module, quantization: str, tp: TPGroup, ra
     """Quantize the loaded native model (engine/quant) and log, once per rank, what its weights take."""
     summary = quantize_model(net, quantization, raw)
     size = weight_bytes(net)
+    first = next(net.parameters())  # the embedding: the serving dtype and device
+    packed = any(kind.startswith(("int8", "int4")) for kind in summary.layers)
+    if packed and first.dtype == torch.float32 and first.device.type == "cpu":
+        log.warning(
+            "the CPU int8/int4 kernels are many times slower with float32 activations than with bfloat16: "
+            "consider --dtype bfloat16"
+        )
     log.info(
         "weights loaded",
         quantization=quantization,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from click.testing import CliRunner
+from structlog.testing import capture_logs
 
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
+from engine.model_loader import load_model
 from engine.quant.linear import QuantLinear
 from worker.cli.main import main
 
@@ -51,3 +53,13 @@ def test_engine_on_cuda(tiny_model, mode):
         assert len(out[0].outputs[0].token_ids) == 6
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("dtype,warned", [("float32", True), ("bfloat16", False)])
+def test_load_log_says_what_the_weights_take(tiny_model_dir, dtype, warned):
+    with capture_logs() as logs:
+        load_model(tiny_model_dir("llama"), dtype=dtype, quantization="int4")
+    (loaded,) = [e for e in logs if e["event"] == "weights loaded"]
+    assert loaded["linear_layers"] == {"int4 g32": 8} and loaded["weight_bytes"] > 0
+    slow = [e for e in logs if e["log_level"] == "warning" and "consider --dtype bfloat16" in e["event"]]
+    assert bool(slow) == warned
