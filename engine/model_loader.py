@@ -143,7 +143,9 @@ def load_model(
                 f"quantization {quantization} runs on the native Llama-family model only; "
                 f"{cfg.get('architectures') or cfg.get('model_type')} loads on the transformers path"
             )
-        return _load_generic(model_dir, cfg, dtype, device, attention_backend, tp)
+        generic, spec_ = _load_generic(model_dir, cfg, dtype, device, attention_backend, tp)
+        quantize_and_report(generic, "none", tp)  # the log line of what the weights take
+        return generic, spec_
     args = ModelArgs.from_hf(cfg)
     check_model_splits(args.num_heads, args.num_kv_heads, args.intermediate_size, tp.size)
     torch_dtype = resolve_dtype(dtype, args.torch_dtype, device)
