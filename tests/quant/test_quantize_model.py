@@ -26,16 +26,13 @@ LOGITS_TOLERANCE = {"int8": 0.05, "int4": 0.45, "fp8-emulated": 0.2}
 
 
 def _logits(net, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] float32: one prefill of `ids` over a fresh paged KV pool (4 blocks of 16)."""
     a = net.args
-    kv = [
-        (torch.zeros(4, 16, a.num_kv_heads, a.head_dim, dtype=net.embed_tokens.weight.dtype),) * 2
-        for _ in range(a.num_layers)
-    ]
-    kv = [(torch.zeros_like(k), torch.zeros_like(k)) for k, _ in kv]
+    shape, dtype = (4, 16, a.num_kv_heads, a.head_dim), net.embed_tokens.weight.dtype
+    kv = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(a.num_layers)]
     meta = metadata([(0, len(ids), [0, 1, 2, 3])], 16)
     with torch.inference_mode():
-        h = net(torch.tensor(ids), torch.arange(len(ids)), kv, meta)
-        return net.compute_logits(h)
+        return net.compute_logits(net(torch.tensor(ids), torch.arange(len(ids)), kv, meta))
 
 
 IDS = [5, 17, 300, 42, 7, 99, 250, 3, 61, 128, 9, 400]
