@@ -19,7 +19,8 @@ kernel); a GGUF file's blocks are sliced to the rank's rows, or to its columns w
 
 `raw(name) -> (qtype, blocks uint8 [rows, bytes_per_row], (rows, cols))` (or None / KeyError when the file has
 no such 2-D tensor) gives the file's blocks of a weight under its checkpoint name in HF form
-(`model.layers.3.self_attn.q_proj.weight`), rows in our order (Q/K already un-permuted).
+(`model.layers.3.self_attn.q_proj.weight`, or the same without `model.`), rows in our order (Q/K already
+un-permuted).
 """
 
 from __future__ import annotations
@@ -165,10 +166,16 @@ def _rank_blocks(raw: Raw, name: str, module: nn.Module) -> list[RawBlocks] | No
 
 
 def _read(raw: Raw, name: str) -> RawBlocks | None:
-    try:
-        return raw(name)
-    except KeyError:
-        return None
+    """raw(name) under the HF name, else under the same name without "model." (the form our parameter names
+    take, which a checkpoint's rename may produce); None when neither is there."""
+    for candidate in (name, name.removeprefix("model.")):
+        try:
+            got = raw(candidate)
+        except KeyError:
+            continue
+        if got is not None:
+            return got
+    return None
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:

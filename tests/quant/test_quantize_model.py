@@ -243,3 +243,12 @@ def test_blocks_a_kernel_cannot_take_stay_as_loaded_and_say_why():
     assert layers == {
         "as loaded (Q4_1): out_features 24 is not a multiple of 16 (the CPU int4 packing's tile)": 1
     }
+
+
+def test_raw_may_name_tensors_without_the_model_prefix(tiny_model_dir):
+    net, _ = load_model(tiny_model_dir("llama"), dtype=torch.float32)
+    qtypes = dict.fromkeys(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], T.Q4_0
+    )
+    files = {name.removeprefix("model."): blocks for name, blocks in _file_of(net, qtypes).items()}
+    assert quantize_model(net, "auto", raw=files.__getitem__).layers == {"int4 g32 (Q4_0 blocks)": 8}
