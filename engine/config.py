@@ -95,6 +95,12 @@ class EngineConfig:
         "tensor parallelism: a rank that does not answer a collective within this many seconds (or that "
         "dies) ends the engine with an error",
     )
+    quantization: Literal["auto", "none", "int8", "int4", "fp8"] = knob(
+        "auto",
+        "weight-only quantization of the linear layers at load (native models; docs/operations.md): int8, "
+        "int4 (groups of 32) on CPU and CUDA, fp8 on CUDA sm_89+; auto: a GGUF file's own Q4_0/Q4_1/Q8_0 "
+        "blocks as they are, a safetensors checkpoint as it is; none: everything in the serving dtype",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:

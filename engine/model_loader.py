@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
 import torch
 
 from engine.attention.backend import AttentionBackend, get_attention_backend
@@ -26,6 +27,11 @@ from engine.gguf_files import is_gguf
 from engine.models import LlamaForCausalLM, ModelArgs, build_model, map_weight_name
 from engine.models.config import config_dtype, config_ids
 from engine.models.registry import is_native
+from engine.quant import quantize_model, weight_bytes
+from engine.quant.apply import Raw
+from engine.quant.fp8 import fp8_device_refusal
+
+log = structlog.get_logger("conveyor.engine")
 
 if TYPE_CHECKING:
     from engine.gguf_files.checkpoint import GGUFCheckpoint
@@ -112,6 +118,7 @@ def load_model(
     attention_backend: AttentionBackend | None = None,
     model_impl: str = "auto",
     tp: TPGroup | None = None,
+    quantization: str = "auto",
 ) -> tuple[LlamaForCausalLM | TransformersCausalLM, ModelSpec]:
     """Build the model for a HF checkpoint and load its weights. Returns (model in eval mode, spec).
 
@@ -119,15 +126,26 @@ def load_model(
     `model_impl`: "native" (our Llama-family code), "transformers" (the model's own transformers code on our
     paged attention, engine/models/generic/), or "auto": native for the Llama family, transformers otherwise.
     `tp`: this process's rank in its tensor-parallel group (None: the whole model here). Every rank calls
-    load_model with its own group; the spec it gets back describes that rank's part (see ModelSpec)."""
+    load_model with its own group; the spec it gets back describes that rank's part (see ModelSpec).
+    `quantization`: engine/quant/apply.py's modes, applied to the native model after its weights load."""
     tp = tp or TPGroup.single()
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {model_impl!r}")
     device = resolve_device(device)
+    refusal = fp8_device_refusal(device) if quantization == "fp8" else None
+    if refusal is not None:  # before any weight is read
+        raise ValueError(refusal)
     source, cfg = _open(model)
     model_dir = source if isinstance(source, Path) else source.model_dir
     if model_impl == "transformers" or (model_impl == "auto" and not is_native(cfg)):
-        return _load_generic(source, cfg, dtype, device, attention_backend, tp)
+        if quantization not in ("auto", "none"):
+            raise ValueError(
+                f"quantization {quantization} runs on the native Llama-family model only; "
+                f"{cfg.get('architectures') or cfg.get('model_type')} loads on the transformers path"
+            )
+        generic, spec_ = _load_generic(source, cfg, dtype, device, attention_backend, tp)
+        quantize_and_report(generic, "none", tp)  # the log line of what the weights take
+        return generic, spec_
     args = ModelArgs.from_hf(cfg)
     check_model_splits(args.num_heads, args.num_kv_heads, args.intermediate_size, tp.size)
     torch_dtype = resolve_dtype(dtype, args.torch_dtype, device)
@@ -137,6 +155,8 @@ def load_model(
     materialize(net, device)
     use_sliced_head(net, device)
     load_weights(net, source)
+    raw = None if isinstance(source, Path) else _file_blocks(source, quantization, torch_dtype, device)
+    quantize_and_report(net, quantization, tp, raw)
     net.attn_backend = attention_backend or get_attention_backend("auto", device)
     net.eval()
     spec = ModelSpec(
@@ -166,6 +186,42 @@ def _open(model: str | Path) -> tuple[Path | GGUFCheckpoint, dict]:
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {model_dir}")
     return model_dir, json.loads(config_path.read_text())
+
+
+def _file_blocks(
+    ckpt: GGUFCheckpoint, quantization: str, dtype: torch.dtype, device: torch.device
+) -> Raw | None:
+    """The GGUF file's own blocks for quantize_model, or None where `auto` dequantizes instead: the CPU's
+    int4/int8 kernels are fast with bfloat16 or float16 activations only, so a float32 CPU engine (dtype
+    auto's choice there) serves the file dequantized unless int4/int8 is asked for by name."""
+    if quantization == "auto" and device.type == "cpu" and dtype == torch.float32:
+        log.info(
+            "GGUF weights dequantized to float32; --dtype bfloat16 serves the file's own quantized blocks",
+            file=str(ckpt.model_dir),
+        )
+        return None
+    return ckpt.raw
+
+
+def quantize_and_report(net: torch.nn.Module, quantization: str, tp: TPGroup, raw: Raw | None = None) -> None:
+    """Quantize the loaded native model (engine/quant) and log, once per rank, what its weights take."""
+    summary = quantize_model(net, quantization, raw)
+    size = weight_bytes(net)
+    first = next(net.parameters())  # the embedding: the serving dtype and device
+    packed = any(kind.startswith(("int8", "int4")) for kind in summary.layers)
+    if packed and first.dtype == torch.float32 and first.device.type == "cpu":
+        log.warning(
+            "the CPU int8/int4 kernels are many times slower with float32 activations than with bfloat16: "
+            "consider --dtype bfloat16"
+        )
+    log.info(
+        "weights loaded",
+        quantization=quantization,
+        weight_bytes=size,
+        weight_mib=round(size / 2**20, 1),
+        linear_layers=summary.layers or "as loaded",
+        tp_rank=tp.rank,
+    )
 
 
 def _load_generic(

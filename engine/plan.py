@@ -16,6 +16,10 @@ vocabulary padded to a multiple of N) count 1/N, KV heads `kv_heads_per_rank` (r
 norms whole; the same rules the loaders use (engine/distributed/partition.py; the generic path splits a
 meta-device model with its own loader's code). A model that cannot split raises ValueError naming the reason.
 
+`quantization` (int8, int4, fp8) counts the linear projections (q/k/v, o, gate/up, down) as the kernels in
+engine/quant store them, scales included (engine/quant/memory.py); embeddings, LM head and norms stay in
+`dtype`. Native (Llama-family) models only, as in the engine.
+
 Sliding-window layers are listed but save nothing here: the engine keeps every block of a sequence until
 it finishes (no block is freed when it slides out of the windows), so KV per token counts every layer.
 """
@@ -33,6 +37,7 @@ from engine.distributed.partition import check_model_splits, kv_heads_per_rank, 
 from engine.kv_cache import kv_bytes_per_token
 from engine.models.config import ModelArgs
 from engine.models.registry import is_native
+from engine.quant.memory import PLAN_QUANTIZATIONS, linear_bytes
 
 if TYPE_CHECKING:
     from engine.models.generic.shape import GenericShape
@@ -60,6 +65,7 @@ class Plan:
     layer_windows: tuple[int | None, ...] = ()
     tensor_parallel_size: int = 1
     params_per_gpu: int | None = None  # None: num_params (one GPU)
+    quantization: str = "none"
 
     @property
     def kv_tokens(self) -> int:
@@ -80,6 +86,21 @@ def count_params(args: ModelArgs, tensor_parallel_size: int = 1) -> int:
     layer = h * qkv + bias + q * h + 3 * h * inter + 2 * h + qk_norm
     head = 0 if args.tie_word_embeddings else vocab * h
     return vocab * h + args.num_layers * layer + h + head
+
+
+def linear_shapes(args: ModelArgs, tensor_parallel_size: int = 1) -> list[tuple[int, int]]:
+    """[out, in] of one layer's projections on one rank: fused q/k/v, o, fused gate/up, down."""
+    n, h, d = tensor_parallel_size, args.hidden_size, args.head_dim
+    q, kv = args.num_heads // n * d, kv_heads_per_rank(args.num_kv_heads, n) * d
+    inter = args.intermediate_size // n
+    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
+
+
+def native_weight_bytes(args: ModelArgs, tensor_parallel_size: int, quantization: str, item: int) -> int:
+    """One rank's weight bytes: the projections as `quantization` stores them, everything else in `item`."""
+    shapes = linear_shapes(args, tensor_parallel_size) * args.num_layers
+    rest = count_params(args, tensor_parallel_size) - sum(n * k for n, k in shapes)
+    return rest * item + sum(linear_bytes(n, k, quantization, item) for n, k in shapes)
 
 
 def config_layer_windows(cfg: dict) -> tuple[int | None, ...]:
@@ -107,24 +128,30 @@ def plan(
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 64,
     tensor_parallel_size: int = 1,
+    quantization: str = "none",
 ) -> Plan:
     path = Path(config_path_or_dir)
     cfg = _read_config(path)
     if dtype not in _ITEMSIZE:
         raise ValueError(f"dtype must be one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
     item = _ITEMSIZE[dtype]
+    if quantization not in PLAN_QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(PLAN_QUANTIZATIONS)}, got {quantization!r}")
     args: ModelArgs | GenericShape
     n = tensor_parallel_size
     if is_native(cfg):
         # The engine's own parsing: the same head_dim, kv heads and family switches the loader will use.
         args = ModelArgs.from_hf(cfg)
         params, per_gpu = count_params(args), count_params(args, n)
+        weights = native_weight_bytes(args, n, quantization, item)
     else:  # the generic path: transformers reads the config, parameters counted on a meta-device model
         from engine.models.generic.shape import generic_shape
 
         args = generic_shape(cfg, n)
+        if quantization != "none":
+            raise ValueError(f"quantization {quantization} applies to native (Llama-family) models only")
         params, per_gpu = args.num_params, args.num_params_per_rank
-    weights = per_gpu * item
+        weights = per_gpu * item
     kv_heads = kv_heads_per_rank(args.num_kv_heads, n)
     per_token = kv_bytes_per_token(args.num_layers, kv_heads, args.head_dim, item)
     per_block = per_token * block_size
@@ -157,6 +184,7 @@ def plan(
         layer_windows=config_layer_windows(cfg),
         tensor_parallel_size=n,
         params_per_gpu=per_gpu if n > 1 else None,
+        quantization=quantization,
     )
 
 
@@ -176,12 +204,13 @@ def _count(n: int) -> str:
 
 
 def format_plan(p: Plan) -> str:
-    lines = [f"parameters          {_count(p.num_params)}  ({p.dtype}: weights {_size(p.weight_bytes)})"]
+    kind = p.dtype if p.quantization == "none" else f"{p.quantization} projections, the rest {p.dtype}"
+    lines = [f"parameters          {_count(p.num_params)}  ({kind}: weights {_size(p.weight_bytes)})"]
     if p.tensor_parallel_size > 1:
         lines = [
             f"tensor parallel     {p.tensor_parallel_size} GPUs; every size below is per GPU",
             f"parameters          {_count(p.num_params)}, {_count(p.params_per_gpu or 0)} per GPU  "
-            f"({p.dtype}: weights {_size(p.weight_bytes)} per GPU)",
+            f"({kind}: weights {_size(p.weight_bytes)} per GPU)",
         ]
     lines += [
         f"KV per token        {_size(p.kv_bytes_per_token)}",

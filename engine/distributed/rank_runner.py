@@ -53,6 +53,7 @@ def build_rank_runner(
         attention_backend=backend,
         model_impl=config.model_impl,
         tp=group,
+        quantization=config.quantization,
     )
     max_model_len = resolve_max_model_len(config.max_model_len, spec.max_position_embeddings)
     with collective():  # every rank's pool gets the smallest count that fits on all

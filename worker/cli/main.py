@@ -29,6 +29,8 @@ from worker.keys import Keys
 ENGINE_DEFAULTS = config_defaults(EngineConfig)
 # `conveyor plan` sizes for a concrete dtype: every engine dtype but "auto".
 PLAN_DTYPES = [d for d in literal_choices(EngineConfig, "dtype") or () if d != "auto"]
+# ... and for a concrete quantization: every engine choice but "auto" (a GGUF file's own precision).
+PLAN_QUANTIZATIONS = [q for q in literal_choices(EngineConfig, "quantization") or () if q != "auto"]
 # Fields that are not options of their own: the group comes from --group (default: from the model), the
 # keys and limits from their own dataclasses' options.
 WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
@@ -520,6 +522,13 @@ def _size_option(ctx, param, value):
 @click.option(
     "--tensor-parallel-size", type=int, default=1, show_default=True, help="GPUs the model splits over"
 )
+@click.option(
+    "--quantization",
+    type=click.Choice(PLAN_QUANTIZATIONS),
+    default="none",
+    show_default=True,
+    help="count the linear projections as the engine's quantized kernels store them (native models)",
+)
 def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int, **kw) -> None:
     """How many KV blocks and concurrent sequences fit in a memory budget (reads only config.json)."""
     from engine.plan import format_plan, plan
@@ -535,6 +544,7 @@ def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int
             max_num_seqs=kw["max_num_seqs"],
             max_num_batched_tokens=kw["max_num_batched_tokens"],
             tensor_parallel_size=kw["tensor_parallel_size"],
+            quantization=kw["quantization"],
         )
     except (OSError, KeyError, ValueError) as exc:
         raise click.ClickException(f"cannot plan for {model}: {exc}") from exc
