@@ -75,6 +75,7 @@ def engine(model: Path, mode: str, a: argparse.Namespace, batch: int, longest: i
         max_num_batched_tokens=4096,
         num_kv_blocks=blocks,
         max_model_len=longest,  # the graphs' block tables and capture ladder as wide as this run needs
+        quantization=a.quantization,
         **MODES[mode],
         **({"tensor_parallel_size": a.tensor_parallel_size} if a.tensor_parallel_size > 1 else {}),
     )
@@ -223,6 +224,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("tokens", "speed"), required=True)
     p.add_argument("--model", type=Path, required=True, help="a checkpoint folder or a .gguf file")
+    p.add_argument(
+        "--quantization",
+        default="none",
+        help="the engine's quantization; none (default): a GGUF file dequantized, as transformers reads it",
+    )
     p.add_argument("--modes", default=None, help="comma-separated: " + ",".join(MODES))
     p.add_argument("--check-prompts", type=int, default=8)
     p.add_argument("--check-prompt-max", type=int, default=200)
