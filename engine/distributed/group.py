@@ -77,6 +77,7 @@ def start_group(
         return TPGroup.single()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    _forget_failed_inits()
     dist.init_process_group(
         backend_for(device),
         init_method=f"tcp://{address}",
@@ -85,6 +86,16 @@ def start_group(
         timeout=timedelta(seconds=timeout_s),
     )
     return TPGroup(rank, size)
+
+
+def _forget_failed_inits() -> None:
+    """torch names the default group from a counter that a failed init_process_group leaves raised and only
+    destroy_process_group resets. A rank started later counts from 0, so after one failed start in this
+    process, rank 0's store keys (/default_pg/1/...) would never meet its ranks' (/default_pg/0/...) and
+    every later engine would time out joining. Reset it while no group exists."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count") and not dist.is_initialized():
+        world.group_count = 0
 
 
 def stop_group() -> None:
