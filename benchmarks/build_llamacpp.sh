@@ -40,8 +40,18 @@ if [[ -z "$src" ]]; then
 fi
 echo "llama.cpp source: $src"
 
+# -march=native turns on ggml's AMX kernels wherever the CPU lists AMX. In this release they kill
+# llama-server with SIGILL (invalid opcode at `tilezero` in tinygemm_kernel_amx) on the SmolLM2 Q4_1 file,
+# on a machine where tile instructions run: built without them, llama.cpp runs its AVX-512/AVX2 kernels.
+# LLAMA_CPP_AMX=1 keeps AMX.
+extra_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [[ "${LLAMA_CPP_AMX:-0}" == 1 ]] || ! grep -q amx_tile /proc/cpuinfo; then
+    extra_flags=""
+fi
+
 nice -n "$niceness" cmake -S "$src" -B "$dest/build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS="$extra_flags" -DCMAKE_CXX_FLAGS="$extra_flags" \
     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_CUDA=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$dest/build/bin"

@@ -63,6 +63,8 @@ def complete(url: str, job: Job, timeout_s: float = 600.0) -> Completion:
             body = json.loads(reply.read())
     except urllib.error.HTTPError as e:
         raise RuntimeError(f"llama-server /completion answered {e.code}: {e.read()[:300]!r}") from e
+    except (urllib.error.URLError, ConnectionError) as e:  # e.g. the server died mid-run
+        raise RuntimeError(f"llama-server /completion failed: {e}") from e
     if "tokens_predicted" not in body:
         raise RuntimeError(f"llama-server /completion answer has no tokens_predicted: {str(body)[:300]}")
     return Completion(int(body["tokens_predicted"]), body.get("content", ""), body.get("stop_type", ""))

@@ -57,6 +57,11 @@ def test_an_error_answer_is_one_clear_error(fake_server):
         complete(url + "/nothing-here", Job([1], 1))
 
 
+def test_no_server_is_one_clear_error():
+    with pytest.raises(RuntimeError, match="/completion failed"):
+        complete(f"http://127.0.0.1:{llamacpp.free_port()}", Job([1], 1))
+
+
 def test_a_server_that_exits_is_reported_not_waited_for():
     with pytest.raises(RuntimeError, match="exited before it was ready"):
         wait_ready(f"http://127.0.0.1:{llamacpp.free_port()}", timeout_s=60, alive=lambda: False)
