@@ -16,6 +16,8 @@ lengths, so both do the same work). Two phases:
   client threads;
 - sequential: --sequential-requests of them one at a time, through the same engine and the same server.
 
+Conveyor's engine is stepped on a thread of its own, as `conveyor worker` steps it.
+
 Each side runs with --threads threads (torch's intra-op threads; llama.cpp's -t and -tb) and is warmed up
 first; Conveyor runs first, then its engine is closed before llama-server starts, so they never overlap.
 Output tokens/s of each, and Conveyor's over llama.cpp's, per phase. llama.cpp's compute threads spin at
@@ -32,6 +34,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,6 +101,26 @@ def drive(engine, jobs: list[Job], one_at_a_time: bool, tag: str) -> dict:
     }
 
 
+def on_thread(fn):
+    """fn() on a new thread, as `conveyor worker` steps its engine (and as benchmarks/redis_e2e.py times
+    it): on a busy machine, torch's intra-op threads stepped from the main thread ran 2-7x slower here."""
+    result: list = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:  # re-raised on the caller's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
 def run_conveyor(model: str, jobs: list[Job], sequential: list[Job], warm: list[Job], args) -> dict:
     import torch
 
@@ -117,11 +140,11 @@ def run_conveyor(model: str, jobs: list[Job], sequential: list[Job], warm: list[
     )
     try:
         out: dict = {"served": served(engine), "torch_threads": torch.get_num_threads()}
-        drive(engine, warm, one_at_a_time=False, tag="w")
+        on_thread(lambda: drive(engine, warm, one_at_a_time=False, tag="w"))
         print("conveyor: concurrent ...", flush=True)
-        out["concurrent"] = drive(engine, jobs, one_at_a_time=False, tag="c")
+        out["concurrent"] = on_thread(lambda: drive(engine, jobs, one_at_a_time=False, tag="c"))
         print(f"  {out['concurrent']['tokens_per_s']:.1f} output tok/s; one at a time ...", flush=True)
-        out["sequential"] = drive(engine, sequential, one_at_a_time=True, tag="s")
+        out["sequential"] = on_thread(lambda: drive(engine, sequential, one_at_a_time=True, tag="s"))
         print(f"  {out['sequential']['tokens_per_s']:.1f} output tok/s", flush=True)
     finally:
         engine.close()
