@@ -3,10 +3,14 @@
     python benchmarks/redis_e2e.py                      # the engine benchmark's workload and ~50M model
     python benchmarks/redis_e2e.py --quick              # 64 requests, prompts and outputs <= 128
     python benchmarks/redis_e2e.py --model tiny         # the tiny test model (steps of a few ms)
+    python benchmarks/redis_e2e.py --model smollm2-135m-instruct --lengths eos   # a real model, chat prompts
 
 The workload is benchmarks/throughput.py's (`make_workload`, `bench_model_dir`: 256 requests, prompts
 16-512 tokens, heavy-tailed outputs, greedy with ignore_eos), with the same engine settings (batch 64,
-2048 batched tokens, 4096 KV blocks of 16, float32).
+2048 batched tokens, 4096 KV blocks of 16, float32). Any other --model (short name, .gguf, folder, tiny)
+gets chat prompts rendered with its chat template (benchmarks/chat_workload.py), answers ending at EOS
+capped at --max-output (`--lengths eos`, the default: real lengths) or exactly --max-output tokens
+(`--lengths fixed`). `--quantization` is passed to the engine; the JSON says what it served.
 Direct: add every request to an LLMEngine, step until done. Through Redis: a Worker (on a thread, as in
 `conveyor worker`) serves the same requests submitted as jobs (`prompt_token_ids`), while a separate
 client process reads every output stream to its terminal event. Both engines are built the same way,
@@ -29,10 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.chat_workload import LENGTHS, chat_jobs  # noqa: E402
+from benchmarks.served import add_model_options, quantization_options, resolve, served  # noqa: E402
 from benchmarks.workload import Job, bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
 from worker.cli.logs import configure as configure_logs  # noqa: E402
-from worker.cli.tiny_model import resolve_model  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.keys import EVENT_FIELD, Keys  # noqa: E402
@@ -49,13 +54,14 @@ def make_engine(args):
         block_size=16,
         dtype="float32",
         device=args.device,
+        **quantization_options(args.quantization),
     )
 
 
 def params(job: Job):
     from engine import SamplingParams
 
-    return SamplingParams(max_tokens=job.max_tokens, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=job.max_tokens, temperature=0.0, ignore_eos=job.ignore_eos)
 
 
 def warm_up(engine, jobs: list[Job]) -> None:
@@ -74,6 +80,7 @@ def run_direct(args) -> dict:
 
 def _direct(args) -> dict:
     engine = make_engine(args)
+    args.served = served(engine)
     warm_up(engine, args.workload)
     start = time.perf_counter()
     for k, job in enumerate(args.workload):
@@ -139,7 +146,7 @@ def run_redis(args, url: str) -> dict:
                 "prompt_token_ids": job.prompt_token_ids,
                 "max_tokens": job.max_tokens,
                 "temperature": 0.0,
-                "ignore_eos": True,
+                "ignore_eos": job.ignore_eos,
             }
         )
         for job_id, job in zip(ids, args.workload, strict=True)
@@ -182,11 +189,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="bench", help="bench (default), tiny[:arch], or a folder")
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--max-prompt", type=int, default=512)
-    parser.add_argument("--max-output", type=int, default=512)
-    parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
+    add_model_options(parser, default="bench")
+    parser.add_argument(
+        "--lengths",
+        choices=LENGTHS,
+        help="chat prompts (any --model but bench): answers end at EOS capped at --max-output (eos, the "
+        "default), or are exactly --max-output tokens (fixed)",
+    )
+    parser.add_argument("--num-requests", type=int, help="default 256 (--quick: 64)")
+    parser.add_argument("--max-prompt", type=int, help="random prompts: default 512 (--quick: 128)")
+    parser.add_argument("--max-output", type=int, help="default 512 (--quick: 128)")
+    parser.add_argument(
+        "--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128 (unless given)"
+    )
     parser.add_argument("--max-batch", type=int, default=64, help="max_num_seqs: concurrent streams")
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-blocks", type=int, default=4096, help="KV pool in blocks of 16 tokens")
@@ -205,16 +220,26 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     configure_logs("info")  # the worker logs as `conveyor worker` does: debug lines filtered, not printed
-    if args.quick:
-        args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
-    if args.model == "bench":
-        args.model = str(bench_model_dir(args.model_cache))
+    for name, full, quick in (("num_requests", 256, 64), ("max_prompt", 512, 128), ("max_output", 512, 128)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    chat = args.model != "bench"
+    if not chat and args.lengths is not None:
+        parser.error("--lengths applies to chat prompts: give a real model with --model")
+    args.lengths = args.lengths or ("eos" if chat else "fixed")
+    if chat:
+        from engine.tokenizer import load_tokenizer
+
+        args.model = resolve(args.model)
+        args.workload = chat_jobs(
+            load_tokenizer(args.model), args.num_requests, args.max_output, args.lengths
+        )
     else:
-        args.model = resolve_model(args.model)
-    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-    args.workload = make_workload(
-        args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output, vocab_size=vocab
-    )
+        args.model = str(bench_model_dir(args.model_cache))
+        vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+        args.workload = make_workload(
+            args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output, vocab_size=vocab
+        )
     import torch
 
     torch.manual_seed(0)
@@ -223,7 +248,7 @@ def main() -> None:
     print(
         f"workload: {len(args.workload)} requests, "
         f"prompt tokens {sum(len(j.prompt_token_ids) for j in args.workload)}, "
-        f"output tokens {sum(j.max_tokens for j in args.workload)}, max batch {args.max_batch}, "
+        f"output tokens <= {sum(j.max_tokens for j in args.workload)} ({args.lengths} lengths), max batch {args.max_batch}, "
         f"torch threads {torch.get_num_threads()}",
         flush=True,
     )
@@ -252,8 +277,11 @@ def main() -> None:
     p99 = through["sample_to_client_ms"]["p99"]
     report = {
         "model": args.model,
+        "served": args.served,  # what the engine served (benchmarks/served.py)
+        "lengths": args.lengths,
         "device": args.device,
         "num_requests": len(args.workload),
+        "prompt_tokens": sum(len(j.prompt_token_ids) for j in args.workload),
         "max_prompt": args.max_prompt,
         "max_output": args.max_output,
         "max_batch": args.max_batch,
@@ -280,7 +308,7 @@ def main() -> None:
     print("(target: sample->client p99 < 5 ms with all streams live)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"redis_e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = out / f"redis_e2e-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
     path.write_text(json.dumps(report, indent=2))
     print(f"wrote {path}")
 

@@ -3,6 +3,13 @@
     python benchmarks/throughput.py --workload chat     # 256 requests, prompts 16-512, batch 64 (~6 min)
     python benchmarks/throughput.py --workload decode   # 64 requests, prompts 16-256, outputs ~70, batch 32
     python benchmarks/throughput.py --quick             # a few minutes: 64 requests, shorter prompts
+    python benchmarks/throughput.py --model smollm2-135m-instruct --lengths eos --systems conveyor_continuous
+
+`--model bench` (the default) is a ~50M random-weight model fed random token prompts. Any other model (a
+short name, a .gguf file, a folder, tiny) gets chat prompts: a seeded choice of questions rendered with its
+chat template (benchmarks/chat_workload.py), answers ending at EOS capped at --max-output (`--lengths eos`,
+the default there: real lengths) or exactly --max-output tokens each (`--lengths fixed`). transformers'
+systems run with fixed lengths only (they are timed as making every requested token).
 
 The systems are Conveyor continuous and transformers' continuous batching unless `--systems` names others
 (`conveyor_static`, `hf_generate_static`: the latter takes ~19 minutes on the chat workload). Every system
@@ -28,7 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.chat_workload import LENGTHS, chat_jobs  # noqa: E402
 from benchmarks.mfu import StepRecorder, mfu_report, utilisation  # noqa: E402
+from benchmarks.served import add_model_options, resolve, served  # noqa: E402
 from benchmarks.workload import WORKLOADS, Job, bench_engine, bench_model_dir, make_workload  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
@@ -37,6 +46,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, scheduling: str) -> dict:
     engine = bench_engine(model_dir, args, dtype=args.dtype, device="cpu", scheduling=scheduling)
+    args.served = served(engine)
     recorder = StepRecorder.attach(engine)
     for i, job in enumerate(jobs):
         engine.add_request(f"r{i}", job.prompt_token_ids, _params(job))
@@ -78,14 +88,20 @@ def run_conveyor(model_dir: Path, jobs: list[Job], args: argparse.Namespace, sch
 
 
 def _params(job: Job) -> SamplingParams:
-    return SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True)
+    return SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=job.ignore_eos)
 
 
 def _hf_model(model_dir: Path, dtype: str):
     from transformers import AutoModelForCausalLM
 
+    model_dir = Path(model_dir)
+    # A GGUF file: transformers reads (and dequantizes) it from its folder.
+    where = {"gguf_file": model_dir.name} if model_dir.suffix == ".gguf" else {}
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+        model_dir.parent if where else model_dir,
+        dtype=getattr(torch, dtype),
+        attn_implementation="sdpa",
+        **where,
     )
     return model.eval()
 
@@ -211,7 +227,20 @@ def main() -> None:
         help="an untimed 16-request run of every system first (default on)",
     )
     parser.add_argument("--quick", action="store_true", help="64 requests, prompts <= 128, outputs <= 128")
+    parser.add_argument(
+        "--mfu",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the runs, time the run's GEMM shapes alone for MFU (default on)",
+    )
     parser.add_argument("--model-cache", type=Path, default=Path.home() / ".cache" / "conveyor")
+    add_model_options(parser, default="bench")
+    parser.add_argument(
+        "--lengths",
+        choices=LENGTHS,
+        help="chat prompts: answers end at EOS capped at --max-output (eos, the default), or are exactly "
+        "--max-output tokens (fixed)",
+    )
     parser.add_argument(
         "--shared-prefix-variant",
         action=argparse.BooleanOptionalAction,
@@ -225,8 +254,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
-    if args.quick:
-        args.num_requests, args.max_prompt, args.max_output = 64, 128, 128
+    if args.quick:  # sets what is not given
+        for name, value in (("num_requests", 64), ("max_prompt", 128), ("max_output", 128)):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
     for name in ("num_requests", "max_prompt", "max_output", "max_batch"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(workload, name))
@@ -235,24 +266,40 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    model_dir = bench_model_dir(args.model_cache)
-    jobs = make_workload(
-        args.num_requests,
-        max_prompt=args.max_prompt,
-        max_output=args.max_output,
-        output_median=workload.output_median,
-    )
+    systems = args.systems.split(",")
+    if unknown := sorted(set(systems) - set(SYSTEMS)):
+        parser.error(f"unknown systems {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    chat = args.model != "bench"
+    if not chat and args.lengths is not None:
+        parser.error("--lengths applies to chat prompts: give a real model with --model")
+    args.lengths = args.lengths or ("eos" if chat else "fixed")
+    if args.lengths == "eos" and any(s.startswith("hf_") for s in systems):
+        parser.error("transformers' systems are timed with fixed lengths: add --lengths fixed")
+    if chat:
+        from engine.tokenizer import load_tokenizer
+
+        model_dir = Path(resolve(args.model))
+        tokenizer = load_tokenizer(model_dir)
+        jobs = chat_jobs(tokenizer, args.num_requests, args.max_output, args.lengths)
+        warm = chat_jobs(tokenizer, 16, 16, "fixed", seed=2)
+    else:
+        model_dir = bench_model_dir(args.model_cache)
+        jobs = make_workload(
+            args.num_requests,
+            max_prompt=args.max_prompt,
+            max_output=args.max_output,
+            output_median=workload.output_median,
+        )
+        warm = make_workload(16, max_prompt=args.max_prompt, max_output=16, seed=2)
     print(
         f"workload: {len(jobs)} requests, prompt tokens {sum(len(j.prompt_token_ids) for j in jobs)}, "
-        f"output tokens {sum(j.max_tokens for j in jobs)}, max batch {args.max_batch}, "
+        f"output tokens <= {sum(j.max_tokens for j in jobs)} ({args.lengths} lengths), max batch {args.max_batch}, "
         f"torch threads {torch.get_num_threads()}",
         flush=True,
     )
-    systems = args.systems.split(",")
     if args.warmup:
         # Untimed: the first run of each shape pays one-off costs (oneDNN builds a bf16 kernel per matmul
         # shape, allocator pools grow), which would otherwise fall on whichever system runs first.
-        warm = make_workload(16, max_prompt=args.max_prompt, max_output=16, seed=2)
         for name in systems:
             print(f"warming up {name} ...", flush=True)
             SYSTEMS[name](model_dir, warm, args)
@@ -270,9 +317,12 @@ def main() -> None:
     for name, rs in runs.items():
         rs = sorted(rs, key=lambda r: r["tokens_per_s"])
         results[name] = {**rs[(len(rs) - 1) // 2], "all_tokens_per_s": [r["tokens_per_s"] for r in rs]}
-    flop_report = _add_mfu(results, args)
+    flop_report = _add_mfu(results, args) if args.mfu else {}
+    for r in results.values():
+        r.pop("recorder", None)
 
-    if "conveyor_continuous" in results and args.shared_prefix_variant:
+    # Chat prompts share their template's system prompt already: the main run's hit rate says it.
+    if "conveyor_continuous" in results and args.shared_prefix_variant and not chat:
         prefix_jobs = make_workload(
             min(64, args.num_requests),
             max_prompt=args.max_prompt,
@@ -337,8 +387,10 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
         "cpu": _cpu_name(),
         "torch_threads": torch.get_num_threads(),
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {k: str(v) for k, v in vars(args).items() if k != "served"},
+        "served": getattr(args, "served", None),  # what Conveyor's engine served (benchmarks/served.py)
         "num_requests": len(jobs),
+        "prompt_tokens": sum(len(j.prompt_token_ids) for j in jobs),
         "results": results,
         "ratios": ratios,
     }

@@ -12,6 +12,7 @@ from pathlib import Path
 class Job:
     prompt_token_ids: list[int]
     max_tokens: int
+    ignore_eos: bool = True  # False: the answer may end at the model's EOS before max_tokens
 
 
 def make_workload(
@@ -135,8 +136,10 @@ def bench_model_dir(cache_dir: Path, arch: str = "llama", **overrides: object) -
     return out
 
 
-def bench_engine(model_dir: Path, args: object, **options: object):
-    """LLMEngine at the benchmark's batch limits (`args.max_batch`, `.max_batched_tokens`, `.kv_blocks`)."""
+def bench_engine(model_dir: Path | str, args: object, **options: object):
+    """LLMEngine at the benchmark's batch limits (`args.max_batch`, `.max_batched_tokens`, `.kv_blocks`) and
+    `args.quantization` where given (benchmarks/served.py)."""
+    from benchmarks.served import quantization_options
     from engine import LLMEngine
 
     return LLMEngine(
@@ -145,5 +148,6 @@ def bench_engine(model_dir: Path, args: object, **options: object):
         max_num_batched_tokens=args.max_batched_tokens,
         num_kv_blocks=args.kv_blocks,
         block_size=16,
+        **quantization_options(getattr(args, "quantization", None)),
         **options,
     )
