@@ -4,7 +4,6 @@ the engine, and what the engine actually served (dtype, quantization, weight byt
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -30,15 +29,8 @@ def resolve(model: str) -> str:
 
 
 def quantization_options(quantization: str | None) -> dict[str, str]:
-    """`{"quantization": q}` for LLMEngine, or nothing so the engine picks its default. An engine without the
-    option is refused here with one line rather than with a TypeError from deep inside."""
-    if quantization is None:
-        return {}
-    from engine.config import EngineConfig
-
-    if "quantization" not in {f.name for f in dataclasses.fields(EngineConfig)}:
-        raise SystemExit(f"--quantization {quantization}: this engine has no `quantization` option")
-    return {"quantization": quantization}
+    """`{"quantization": q}` for LLMEngine, or nothing so the engine picks its default (auto)."""
+    return {} if quantization is None else {"quantization": quantization}
 
 
 def served(engine) -> dict:
@@ -56,7 +48,7 @@ def served(engine) -> dict:
         "model": config.model,
         "model_file": Path(config.model).name,
         "dtype": config.dtype,
-        "quantization": getattr(config, "quantization", None),
+        "quantization": config.quantization,
         "weight_bytes_by_dtype": dict(sorted(by_dtype.items())),
         "device": str(engine.device),
     }

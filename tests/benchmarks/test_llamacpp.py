@@ -103,7 +103,7 @@ def test_quick_mode_runs_both_sides_on_a_gguf_file(tiny_model_dir, tmp_path, mon
     assert cmd[cmd.index("--parallel") + 1] == "4" and cmd[cmd.index("--threads") + 1] == "1"
     assert int(cmd[cmd.index("--ctx-size") + 1]) % (4 * 256) == 0
     served = report["conveyor"]["served"]
-    assert served["model_file"] == "tiny.gguf" and served["quantization"] is None
+    assert served["model_file"] == "tiny.gguf" and served["quantization"] == "auto"
     assert served["weight_bytes_by_dtype"]["float32"] > 0
     assert set(report["ratio_conveyor_over_llama_cpp"]) == {"concurrent", "sequential"}
     assert len(report["load_average_before"]) == 3

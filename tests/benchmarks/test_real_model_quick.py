@@ -7,12 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import engine.config
 from benchmarks import served as served_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +55,7 @@ def test_throughput_quick_on_chat_prompts(tmp_path, lengths):
     else:  # a random model may end some answers at EOS; none goes past the cap
         assert 6 <= produced <= 6 * 12
     assert report["args"]["lengths"] == lengths
-    assert report["served"]["dtype"] == "float32" and report["served"]["quantization"] is None
+    assert report["served"]["dtype"] == "float32" and report["served"]["quantization"] == "auto"
     assert report["prompt_tokens"] > 6 * 20  # rendered chat prompts, not a handful of random ids
 
 
@@ -99,31 +97,12 @@ def test_redis_e2e_quick_on_chat_prompts(tmp_path):
     (path,) = (tmp_path / "out").glob("redis_e2e-*.json")
     report = json.loads(path.read_text())
     assert report["direct"]["tokens"] == report["redis"]["tokens"] == 6 * 12
-    assert report["lengths"] == "fixed" and report["served"]["quantization"] is None
+    assert report["lengths"] == "fixed" and report["served"]["quantization"] == "auto"
 
 
-@dataclass(frozen=True)
-class _WithQuantization:
-    model: str
-    quantization: str | None = None
-
-
-@dataclass(frozen=True)
-class _WithoutQuantization:
-    model: str
-
-
-def test_quantization_passes_through_to_an_engine_that_has_the_option(monkeypatch):
-    monkeypatch.setattr(engine.config, "EngineConfig", _WithQuantization)
+def test_quantization_passes_through_to_the_engine():
     assert served_module.quantization_options("int4") == {"quantization": "int4"}
     assert served_module.quantization_options(None) == {}  # the engine's default
-
-
-def test_quantization_is_refused_in_one_line_by_an_engine_without_it(monkeypatch):
-    monkeypatch.setattr(engine.config, "EngineConfig", _WithoutQuantization)
-    with pytest.raises(SystemExit, match="--quantization int8: this engine has no `quantization` option"):
-        served_module.quantization_options("int8")
-    assert served_module.quantization_options(None) == {}
 
 
 def test_both_benchmarks_keep_a_jobs_eos_choice():
