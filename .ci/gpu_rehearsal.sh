@@ -30,7 +30,8 @@ rm -rf "$VENV"
 python3 -m venv "$VENV" # no system site packages: only what is installed below
 "$VENV/bin/python" -m pip install -q "${PACKAGES[@]}" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-"$VENV/bin/python" - benchmarks/gpu_machine_packages.txt <<'PY'
+# -I: the checkout (cwd) off sys.path, or an editable install's conveyor.egg-info there would count.
+"$VENV/bin/python" -I - benchmarks/gpu_machine_packages.txt <<'PY'
 import re, sys
 from importlib.metadata import distributions
 norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
