@@ -6,9 +6,9 @@ cache folder (CONVEYOR_CACHE where set)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import LLMEngine, SamplingParams
+from tests.helpers.hf_reference import hf_greedy, hf_model
 from worker.cli.builtin_models import fetch
 
 pytestmark = pytest.mark.slow  # a 262k vocabulary: building its tokenizer and both loads take minutes
@@ -17,22 +17,10 @@ MAX_TOKENS = 12
 
 
 def test_greedy_tokens_equal_transformers_gguf_load():
-    from transformers import AutoModelForCausalLM
-
     path = fetch("gemma3-270m")
     engine = LLMEngine(str(path), dtype="float32", device="cpu", num_kv_blocks=64)
     prompts = [engine.tokenizer.encode(text) for text in ("The capital of France is", "Once upon a time")]
     got = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    expected = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = reference.eval().generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-        expected.append(out[0, len(prompt) :].tolist())
+    reference = hf_model(path.parent, gguf_file=path.name)
+    expected = [hf_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
     assert [o.token_ids for o in got] == expected

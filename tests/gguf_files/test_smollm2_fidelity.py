@@ -7,10 +7,10 @@ folder: CONVEYOR_CACHE where set (point it at a folder that already holds it to 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import LLMEngine, SamplingParams
 from engine.prompt import Chat
+from tests.helpers.hf_reference import hf_greedy, hf_model
 from worker.cli.builtin_models import fetch
 
 pytestmark = pytest.mark.slow  # loads the model twice (ours and transformers'): about a minute
@@ -26,27 +26,12 @@ def smollm2():
     return path, engine
 
 
-def _transformers_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    outs = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.eval().generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )  # fmt: skip
-        outs.append(out[0, len(prompt) :].tolist())
-    return outs
-
-
 def test_greedy_tokens_equal_transformers_gguf_load(smollm2):
     path, engine = smollm2
     prompts = [engine.tokenizer.encode("Once upon a time"), engine._encode(QUESTION)]
     got = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-    assert [o.token_ids for o in got] == _transformers_greedy(path, prompts)
+    reference = hf_model(path.parent, gguf_file=path.name)
+    assert [o.token_ids for o in got] == [hf_greedy(reference, p, MAX_TOKENS) for p in prompts]
 
 
 def test_the_chat_answer_names_paris(smollm2):

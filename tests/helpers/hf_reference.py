@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 
-def hf_model(model_dir):
+def hf_model(model_dir, gguf_file: str | None = None):
+    """The checkpoint in `model_dir` (or its GGUF file `gguf_file`, dequantized by transformers) in float32."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **extra).eval()
     model.generation_config.eos_token_id = None  # generate exactly n tokens, eos included, none suppressed
     return model
 
