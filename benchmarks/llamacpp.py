@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.chat_workload import chat_jobs  # noqa: E402
 from benchmarks.llamacpp_client import run_requests, wait_ready  # noqa: E402
+from benchmarks.proc_counters import cpu_name  # noqa: E402
 from benchmarks.served import add_model_options, quantization_options, resolve, served  # noqa: E402
 from benchmarks.workload import Job  # noqa: E402
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> Path:
     }
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "load_average_before": load_before,
         "load_average_after": load_after,
         "model": gguf,
@@ -293,16 +294,6 @@ def main(argv: list[str] | None = None) -> Path:
         )
     print(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; wrote {out}")
     return out
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

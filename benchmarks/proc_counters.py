@@ -1,9 +1,10 @@
 """What Linux's /proc counts for a process so far: CPU time and write system calls (None where /proc
-cannot tell). Shared by benchmarks/http_e2e.py and benchmarks/held_headers.py."""
+cannot tell), and the CPU's name for a benchmark's JSON. Shared by the benchmarks."""
 
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 
@@ -24,3 +25,14 @@ def write_calls(pid: int) -> float | None:
         return None
     counts = dict(line.split(": ") for line in io.splitlines())
     return int(counts["syscw"])
+
+
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (platform's guess elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.chat_workload import LENGTHS, chat_jobs  # noqa: E402
 from benchmarks.mfu import StepRecorder, mfu_report, utilisation  # noqa: E402
+from benchmarks.proc_counters import cpu_name  # noqa: E402
 from benchmarks.served import add_model_options, resolve, served  # noqa: E402
 from benchmarks.workload import WORKLOADS, Job, bench_engine, bench_model_dir, make_workload  # noqa: E402
 from engine import SamplingParams  # noqa: E402
@@ -385,7 +386,7 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
             )
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "torch_threads": torch.get_num_threads(),
         "args": {k: str(v) for k, v in vars(args).items() if k != "served"},
         "served": getattr(args, "served", None),  # what Conveyor's engine served (benchmarks/served.py)
@@ -394,16 +395,6 @@ def _report(results: dict[str, dict], args: argparse.Namespace, jobs: list[Job])
         "results": results,
         "ratios": ratios,
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _chart(results: dict[str, dict], path: Path, dtype: str) -> None:
