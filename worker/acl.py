@@ -14,10 +14,10 @@ import redis
 
 from worker.config import WorkerConfig
 
-# Lower-case, `command|subcommand` as ACL SETUSER writes them. Sources (under worker/): run/redis_io/
+# Lower-case, `command|subcommand` as ACL SETUSER writes them. Sources (under worker/): wire/
 # (MULTI/EXEC), intake/stream_reader.py, job_path.py (lookups incl. HMGET attempts, attempt counts incl.
 # HSET of the alone field, refusals), run/aborts.py, run/job_lease.py, recover/takeover_claim.py,
-# run/cancel_listener.py, run/consumer_lease.py, run/lua_script.py, cli/preflight.py, the observer's
+# run/cancel_listener.py, run/consumer_lease.py, wire/lua_script.py, cli/preflight.py, the observer's
 # XINFO GROUPS, fleet/heartbeat.py (the registry record and index), fleet/home_watch.py (reads the
 # registry, and its peers' shards' XINFO GROUPS), and the scripts in
 # publish/publisher.py, intake/stream_trim.py and run/consumer_lease.py.

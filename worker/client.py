@@ -103,7 +103,7 @@ def read_block_ms(client: redis.Redis, wanted_ms: int = _DEFAULT_BLOCK_MS) -> in
 
 def bounded_reader(client: redis.Redis, timeout_s: float) -> redis.Redis:
     """A client on a new pool like `client`'s: no redis-py retries, socket waits of at most timeout_s.
-    Only for a plain ConnectionPool: a pool of another kind (worker/run/redis_io/slot_following.py's MasterPool,
+    Only for a plain ConnectionPool: a pool of another kind (worker/wire/slot_following.py's MasterPool,
     which follows its shard's master, a sentinel's) is used as it is, with its own timeouts and retries."""
     pool = client.connection_pool
     if type(pool) is not redis.ConnectionPool:

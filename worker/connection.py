@@ -74,6 +74,10 @@ class Backoff:
         self.failures = 0
 
 
+class StopRequested(Exception):
+    """Raised out of a retry loop when the stop's time is up: the worker ends without finishing the action."""
+
+
 class Waiter(Protocol):
     """What a retry loop asks of whoever may stop it (worker.run.stop.StopFlag)."""
 
@@ -101,8 +105,6 @@ def with_retry(
     waited out with back-off; a refused password is not. Gives up only when `stop` has expired, raising
     StopRequested with the last Redis error as its cause. (Whether Redis has room again is for the caller
     to say: an EXEC that went through may still hold commands refused for lack of memory.)"""
-    from worker.run.stop import StopRequested
-
     stop = stop or _NeverStop()
     backoff = backoff or Backoff()
     health = health or RedisHealth()

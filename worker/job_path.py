@@ -45,8 +45,8 @@ from worker.publish.event_payloads import error_event
 from worker.recover.resume_point import read_resume
 from worker.run.engine_request import start_in_engine
 from worker.run.job_lease import add_release
-from worker.run.job_record import Arrived, InFlight, Stage
-from worker.run.round import Handler, Round
+from worker.wire.job_record import Arrived, InFlight, Stage
+from worker.wire.round import Handler, Round
 
 if TYPE_CHECKING:
     from worker.run.isolation import Isolation

@@ -10,7 +10,7 @@ import redis
 from tests.cluster.conftest import SHARDS
 from worker.cluster.connect import shard_client
 from worker.run.node_rounds import NodeRounds
-from worker.run.round import Round
+from worker.wire.round import Round
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(60)]
 

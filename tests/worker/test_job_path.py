@@ -14,8 +14,8 @@ from worker.client import enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
-from worker.run.job_record import Stage
 from worker.run.loop import Worker
+from worker.wire.job_record import Stage
 
 pytestmark = pytest.mark.redis
 K = Keys()

@@ -1,6 +1,6 @@
 """Connections in cluster mode: redis-py's cluster client (for clients and topology), and per shard a
 plain client on the master that holds the shard's slot, which follows a failover to the new master (its
-pool, MasterPool, lives with the rest of the worker's reach below redis-py's public API, worker/run/redis_io/).
+pool, MasterPool, lives with the rest of the worker's reach below redis-py's public API, worker/wire/).
 
 A shard's keys all hash to one slot (shard_keys.py), so everything one shard's worker sends (a step's
 MULTI/EXEC, its scripts, blocking reads) goes to one node, exactly as to a single Redis.
@@ -12,7 +12,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from worker.connection import TlsOptions
-from worker.run.redis_io import MasterPool
+from worker.wire.slot_following import MasterPool
 
 
 def connect_cluster(url: str, tls: TlsOptions | None = None, socket_timeout: float = 30.0) -> RedisCluster:

@@ -7,7 +7,7 @@ jobs are read one shard at a time (intake/read_shares.py), so a step's events go
 calls, not one per shard.
 
 When a shard's master fails and a replica takes over, the writes this worker made last (events, acks) may
-not have reached the replica. The shard's client notices (redis_io's MasterPool: `moved`, or
+not have reached the replica. The shard's client notices (the wire's MasterPool: `moved`, or
 ShardMoved raised); the lanes worker then forgets that shard's jobs (aborted in the engine, nothing
 written) and starts over from the new master's state, as a worker restarted under the same name would:
 its pending entries are read again and resumed from the events their output streams hold
@@ -27,7 +27,7 @@ from worker.config import WorkerConfig
 from worker.intake.lanes import cluster_shards
 from worker.run.lanes_worker import LaneServers, LanesWorker, shares_policy
 from worker.run.observer import Observer
-from worker.run.redis_io import MasterPool, ShardMoved
+from worker.wire.slot_following import MasterPool, ShardMoved
 
 
 class ClusterFailover(LaneServers):

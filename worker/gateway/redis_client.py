@@ -1,7 +1,7 @@
 """The gateway's `redis.asyncio` client, made as worker.connection.connect makes the worker's (bytes, RESP2,
 TLS options for rediss://), with redis-py's retries off: a request's own deadline decides how long to try.
 
-Its connections pack commands with hiredis (worker/run/redis_io/async_packing.py)."""
+Its connections pack commands with hiredis (worker/wire/async_packing.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from redis.backoff import NoBackoff
 
 from worker.connection import TlsOptions
 from worker.gateway.settings import GatewaySettings
-from worker.run.redis_io.async_packing import pack_with_hiredis
+from worker.wire.async_packing import pack_with_hiredis
 
 
 def _driver_info() -> dict:

@@ -21,9 +21,9 @@ import redis
 
 from worker.connection import with_retry
 from worker.intake.stream_reader import Reader
-from worker.run.job_record import Arrived
-from worker.run.redis_io import execute_plain
-from worker.run.round import Round
+from worker.wire.exchange import execute_plain
+from worker.wire.job_record import Arrived
+from worker.wire.round import Round
 
 
 def wait_on_lanes(

@@ -16,9 +16,9 @@ import structlog
 from worker.config import WorkerConfig
 from worker.connection import Backoff, Waiter, with_retry
 from worker.recover.redis_health import RedisHealth
-from worker.run.job_record import Arrived
-from worker.run.redis_io import execute_plain
-from worker.run.round import Round
+from worker.wire.exchange import execute_plain
+from worker.wire.job_record import Arrived
+from worker.wire.round import Round
 
 log = structlog.get_logger("conveyor.worker")
 

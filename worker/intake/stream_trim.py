@@ -13,8 +13,8 @@ import time
 
 import structlog
 
-from worker.run.lua_script import Script
-from worker.run.round import Round
+from worker.wire.lua_script import Script
+from worker.wire.round import Round
 
 log = structlog.get_logger("conveyor.trim")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from worker.run.job_record import InFlight
+from worker.wire.job_record import InFlight
 
 
 def _dump(obj: dict) -> bytes:

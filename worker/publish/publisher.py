@@ -29,10 +29,10 @@ from worker.config import WorkerConfig
 from worker.fleet.accounting import field_suffix
 from worker.keys import EVENT_FIELD
 from worker.publish.event_payloads import done_event, error_event, token_event
-from worker.run.job_record import InFlight, SampleEnd
-from worker.run.lua_script import Script
 from worker.run.observer import TokenTrace
-from worker.run.round import Round
+from worker.wire.job_record import InFlight, SampleEnd
+from worker.wire.lua_script import Script
+from worker.wire.round import Round
 
 _ID_TOO_SMALL = "equal or smaller"
 _OOM = "OOM"  # Redis is full (noeviction): the script wrote nothing for the job; write it again later

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from worker.config import WorkerConfig
-from worker.run.job_record import Arrived
-from worker.run.round import Round
+from worker.wire.job_record import Arrived
+from worker.wire.round import Round
 
 
 class Reclaimer:

@@ -11,8 +11,8 @@ import structlog
 
 from worker.config import WorkerConfig
 from worker.run.cancel_listener import CancelListener
-from worker.run.job_record import InFlight
-from worker.run.round import Round
+from worker.wire.job_record import InFlight
+from worker.wire.round import Round
 
 log = structlog.get_logger("conveyor.worker")
 

@@ -9,7 +9,7 @@ import redis
 import structlog
 
 from worker.connection import DOWN_ERRORS, Backoff
-from worker.run.redis_io import ShardMoved
+from worker.wire.slot_following import ShardMoved
 
 log = structlog.get_logger("conveyor.cancel")
 

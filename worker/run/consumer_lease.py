@@ -17,8 +17,8 @@ import structlog
 
 from worker.config import WorkerConfig
 from worker.connection import Waiter, with_retry
-from worker.run.lua_script import Script
-from worker.run.round import Round
+from worker.wire.lua_script import Script
+from worker.wire.round import Round
 
 log = structlog.get_logger("conveyor.worker")
 

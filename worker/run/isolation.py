@@ -22,8 +22,8 @@ from dataclasses import replace
 
 from worker.config import WorkerConfig
 from worker.job_path import Arrived
-from worker.run.job_record import InFlight
-from worker.run.round import Round
+from worker.wire.job_record import InFlight
+from worker.wire.round import Round
 
 
 class Isolation:

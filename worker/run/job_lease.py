@@ -15,8 +15,8 @@ from functools import partial
 from typing import Any
 
 from worker.config import WorkerConfig
-from worker.run.job_record import InFlight
-from worker.run.round import Round
+from worker.wire.job_record import InFlight
+from worker.wire.round import Round
 
 
 def add_renewal(rnd: Round, cfg: WorkerConfig, jobs: Iterable[InFlight]) -> None:

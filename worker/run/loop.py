@@ -3,14 +3,14 @@ Paths below are under worker/.
 
     while running:
         abort cancelled and overdue jobs                                  (run/aborts.py, in memory)
-        build this step's round (run/round.py):
+        build this step's round (wire/round.py):
             what the last round's replies and step owe   (job_path.py: attempt counts, refusals, acks;
                                                           publish/publisher.py: the step's events)
             the lookups of the jobs read                 (job_path.py)
             a read for this lane's share of the room     (intake/stream_reader.py, intake/read_policy.py)
             leases, reclaims, trimming, cancel keys      (run/job_lease.py, run/consumer_lease.py,
                                                           recover/takeover_claim.py, intake/stream_trim.py)
-        the round on the I/O thread (run/redis_io/)  ||  engine.step()
+        the round on the I/O thread (wire/)  ||  engine.step()
             (the engine never waits on Redis, except for a round that counts an attempt: that one is
             answered before the step that runs the job)
         each reply to whoever sent its command (jobs move on a stage), then the step's events
@@ -51,12 +51,12 @@ from worker.run.consumer_lease import ConsumerLease
 from worker.run.engine_room import engine_room
 from worker.run.isolation import Isolation, add_refund
 from worker.run.job_lease import add_release, add_renewal
-from worker.run.job_record import Arrived, InFlight
 from worker.run.metrics import Metrics
 from worker.run.observer import Observer
-from worker.run.redis_io import cut_off, execute, no_resends
-from worker.run.round import Round
 from worker.run.stop import IdleStop, StopFlag, StopRequested
+from worker.wire.exchange import cut_off, execute, no_resends
+from worker.wire.job_record import Arrived, InFlight
+from worker.wire.round import Round
 
 log = structlog.get_logger("conveyor.worker")
 _REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)

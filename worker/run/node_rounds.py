@@ -14,7 +14,7 @@ Failures are the shard's own business, as on one Redis: a round whose EXEC was r
 that error and the other rounds are still answered; a write or read that breaks the connection fails
 every round of that write, marked `retried` (they may have been applied). Each worker then sends its round
 again through its own shard client (Worker.finish), which follows a failover (connect.py). The bytes go
-through worker/run/redis_io/, on one I/O thread per node, so the nodes' round trips overlap.
+through worker/wire/, on one I/O thread per node, so the nodes' round trips overlap.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
-from worker.run.redis_io import exchange
-from worker.run.round import Round
+from worker.wire.exchange import exchange
+from worker.wire.round import Round
 
 _MAX_NODES = 16  # I/O threads: one per node written to in a cycle (more nodes queue behind them)
 

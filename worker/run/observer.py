@@ -15,8 +15,8 @@ import structlog
 from worker.fleet.accounting import DEFAULT_TENANT
 from worker.fleet.heartbeat import Heartbeat
 from worker.run.engine_room import engine_room
-from worker.run.job_record import InFlight
 from worker.run.metrics import Metrics
+from worker.wire.job_record import InFlight
 
 log = structlog.get_logger("conveyor.worker")
 # The registry record's running/waiting/KV use are refreshed this often (Heartbeat.load): peers decide whether

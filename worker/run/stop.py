@@ -4,7 +4,7 @@ Signal handlers only call `request()`. Everything that waits (back-off after a R
 waits on `sleep()`, which wakes at once when a stop is asked for, so a stop is bounded by the drain timeout
 even while Redis is unreachable or full. A read that hangs on a frozen network (no error, no reply) does
 not wait on `sleep()`: `grace_s` after the drain time runs out (at once at a cold stop) the `on_expired`
-callbacks run on a timer thread, and the worker's one cuts its Redis sockets (worker.run.redis_io.cut_off).
+callbacks run on a timer thread, and the worker's one cuts its Redis sockets (worker.wire.exchange.cut_off).
 The grace is for a loop that is not stuck: it sees the drain time run out at its next tick, forgets the
 callback and writes its last round (releases, refunds), bounded on its own (Worker._last_write). Cut at
 the drain time itself, the sockets went in the middle of that tick, and the last round with them (a
@@ -17,11 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from worker.connection import StopRequested
+
+__all__ = ["CUT_GRACE_S", "StopFlag", "StopRequested"]
+
 CUT_GRACE_S = 1.0  # past the drain time, before a stuck loop's sockets are cut (see the module docstring)
-
-
-class StopRequested(Exception):
-    """Raised out of a retry loop when the stop's time is up: the worker ends without finishing the action."""
 
 
 class StopFlag:

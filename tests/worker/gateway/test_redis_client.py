@@ -13,7 +13,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from worker.gateway.redis_client import connect_async
 from worker.gateway.settings import GatewaySettings
-from worker.run.redis_io.async_packing import HiredisPacking
+from worker.wire.async_packing import HiredisPacking
 
 pytestmark = pytest.mark.skipif(not HIREDIS_AVAILABLE, reason="needs hiredis >= 3.2 (redis-py's own test)")
 

@@ -8,8 +8,8 @@ from tests.helpers.worker_fakes import FakeEngine, running_worker, wait_until
 from worker.client import collect, enqueue
 from worker.intake.stream_trim import Trimmer
 from worker.keys import Keys
-from worker.run.redis_io import execute
-from worker.run.round import Round
+from worker.wire.exchange import execute
+from worker.wire.round import Round
 
 pytestmark = pytest.mark.redis
 K = Keys()

@@ -16,9 +16,9 @@ from worker.config import WorkerConfig
 from worker.keys import EVENT_FIELD
 from worker.protocol import Job
 from worker.publish.publisher import Batch, Publisher
-from worker.run.job_record import InFlight
-from worker.run.redis_io import execute
-from worker.run.round import Round
+from worker.wire.exchange import execute
+from worker.wire.job_record import InFlight
+from worker.wire.round import Round
 
 pytestmark = pytest.mark.redis
 

@@ -30,7 +30,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from worker.run.round import Round
+from worker.wire.round import Round
 
 try:  # hiredis packs a command in C; redis-py's own packer is the fallback
     from hiredis import pack_command
@@ -96,7 +96,7 @@ def exchange(client: redis.Redis, rounds: Sequence[Round]) -> list[list[Any] | B
 
 
 def exchange_public(client: redis.Redis, rounds: Sequence[Round]) -> list[list[Any] | BaseException]:
-    """`exchange` over redis-py's public pipeline API only (kept to compare; tests/worker/run/test_redis_io.py
+    """`exchange` over redis-py's public pipeline API only (kept to compare; tests/worker/wire/test_exchange.py
     checks both give the same replies)."""
     sent = [rnd for rnd in rounds if len(rnd)]
     if not sent:

@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.utils import HIREDIS_AVAILABLE
 
-from worker.run.redis_io.wire import wire_command
+from worker.wire.exchange import wire_command
 
 if HIREDIS_AVAILABLE:
     from hiredis import pack_command

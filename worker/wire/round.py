@@ -9,7 +9,7 @@ commands (`add_group`, one job's lookups), with the group's replies together. A 
 reply means (a job's next stage, a script to load again); it never writes into another round. What is
 owed to Redis after a reply is kept by its owner and added when the loop builds the next round.
 
-run/redis_io/ sends rounds and reads their replies (on the loop's I/O thread, while the engine steps);
+exchange.py sends rounds and reads their replies (on the loop's I/O thread, while the engine steps);
 `dispatch` hands the replies to their handlers on the loop's thread. A round that failed on a dropped
 connection is sent again whole (`retried` tells handlers so).
 """

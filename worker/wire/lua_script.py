@@ -12,7 +12,7 @@ import hashlib
 
 import redis
 
-from worker.run.round import Handler, Round
+from worker.wire.round import Handler, Round
 
 
 class Script:

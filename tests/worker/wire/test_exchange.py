@@ -1,4 +1,4 @@
-"""run/redis_io/wire.py against a real redis-server: one test per reply shape a round can get back."""
+"""wire/exchange.py against a real redis-server: one test per reply shape a round can get back."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from redis.retry import Retry
 
 from worker import local_redis
 from worker.connection import connect
-from worker.run.redis_io import exchange, execute, execute_plain, no_resends
-from worker.run.round import Round
+from worker.wire.exchange import exchange, execute, execute_plain, no_resends
+from worker.wire.round import Round
 
 pytestmark = pytest.mark.redis
 
@@ -140,7 +140,7 @@ def test_a_round_whose_reply_is_late_is_not_sent_again_behind_the_workers_back(r
 
 
 def test_the_public_pipeline_path_gives_the_same_replies(c):
-    from worker.run.redis_io import exchange_public
+    from worker.wire.exchange import exchange_public
 
     def rounds() -> list[Round]:
         good, bad = Round(), Round()
