@@ -45,7 +45,7 @@ SITE="$WORK.site" # beside the work folder: not packed into $OUT
 MODELS=/tmp/conveyor-models # random checkpoints and the reassembled GGUF; local disk, gone with the machine
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-CUDA_TEST_DIRS=(tests/kernels tests/quant) # every `cuda`-marked test lives here (tests/benchmarks/test_gpu_check.py)
+CUDA_TEST_DIRS=(tests/kernels tests/quant tests/engine) # every `cuda`-marked test lives here (tests/benchmarks/test_gpu_check.py)
 export PYTHONPATH="$PWD"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TRITON_DEFAULT_FP_FUSION=1

@@ -55,7 +55,8 @@ class EngineConfig:
     kv_cache_memory: float | None = knob(
         None,
         "KV pool budget: bytes on the CPU (default 1 GiB); on CUDA a fraction of the free memory after "
-        "the weights load (default 0.9), or bytes when > 1",
+        "the weights load (default 0.9), less the peak a warm-up step at the largest batch measured, or "
+        "bytes when > 1 (engine/kv_sizing.py)",
     )
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of shared prompt prefixes")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = knob(

@@ -1,7 +1,8 @@
 """What every rank of an engine builds before stepping, in one function: `build_rank_runner`.
 
     load this rank's model (its shard under tensor parallelism)  ->  max_model_len (the option, checked
-    against the model)  ->  KV block count (fits this rank's memory; MIN over the ranks)  ->  KV pool
+    against the model)  ->  on CUDA, a warm-up at the largest steps measures their peak (engine/warmup.py)
+    ->  KV block count (engine/kv_sizing.py's rule over this rank's memory; MIN over the ranks)  ->  KV pool
     ->  ModelRunner
 
 Rank 0 (LLMEngine) and ranks 1..N-1 (rank_process.py) both call it, so every rank sizes its buffers and
@@ -15,16 +16,21 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
+import structlog
 import torch
 import torch.distributed as dist
 
 from engine.attention.backend import AttentionBackend
 from engine.config import EngineConfig
 from engine.distributed.group import TPGroup
-from engine.kv_cache import allocate_kv_pool, capped_num_blocks, num_blocks_for_budget
+from engine.kv_cache import allocate_kv_pool, bytes_per_block
+from engine.kv_sizing import engine_memory, kv_pool_size, measures_reserve, most_blocks_usable
 from engine.model_loader import ModelSpec, load_model
 from engine.model_runner import ModelRunner
 from engine.sampler import TokenSampler
+from engine.warmup import DeviceMemory, device_memory, measure_reserve, warmup_plan
+
+log = structlog.get_logger("conveyor.engine")
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,13 @@ def build_rank_runner(
     group: TPGroup,
     sampler: Callable[[ModelSpec], TokenSampler] | None = None,
     collective: Callable[[], AbstractContextManager[object]] = nullcontext,
+    memory: DeviceMemory | None = None,
 ) -> RankRunner:
     """This rank's runner. `sampler(spec)`: rank 0's sampler (ranks > 0 never sample: the runner's
     default). `collective()`: the context the block-count agreement runs in (rank 0: RankProcesses.step,
-    which turns a lost rank into TensorParallelError)."""
+    which turns a lost rank into TensorParallelError). `memory`: the device memory the pool is sized from
+    (default: CUDA's allocator on CUDA, none on the CPU)."""
+    memory = memory if memory is not None else device_memory(device)
     model, spec = load_model(
         config.model,
         dtype=config.dtype,
@@ -56,21 +65,32 @@ def build_rank_runner(
         quantization=config.quantization,
     )
     max_model_len = resolve_max_model_len(config.max_model_len, spec.max_position_embeddings)
+
+    def make_runner(pool: torch.Tensor | int, step_sampler: TokenSampler | None, graphs: bool) -> ModelRunner:
+        return ModelRunner(
+            model,
+            spec,
+            pool,
+            config.block_size,
+            device,
+            backend,
+            step_sampler,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_cuda_graphs=graphs,
+        )
+
+    def warm_up(reader: DeviceMemory) -> int:  # every rank runs the same steps, so their collectives pair up
+        plan = warmup_plan(
+            config.max_num_batched_tokens, config.max_num_seqs, max_model_len, config.block_size
+        )
+        return measure_reserve(lambda n: make_runner(n, None, False), reader, plan)
+
     with collective():  # every rank's pool gets the smallest count that fits on all
-        num_blocks = agree_num_blocks(group, rank_num_blocks(config, spec, device), device)
-    runner = ModelRunner(
-        model,
-        spec,
-        allocate_kv_pool(spec, num_blocks, config.block_size, device),
-        config.block_size,
-        device,
-        backend,
-        sampler(spec) if sampler is not None else None,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_cuda_graphs=config.enable_cuda_graphs,
-    )
+        num_blocks = agree_num_blocks(group, rank_num_blocks(config, spec, memory, warm_up), device)
+    pool = allocate_kv_pool(spec, num_blocks, config.block_size, device)
+    runner = make_runner(pool, sampler(spec) if sampler is not None else None, config.enable_cuda_graphs)
     return RankRunner(runner, spec, max_model_len, num_blocks)
 
 
@@ -83,14 +103,40 @@ def resolve_max_model_len(wanted: int | None, limit: int) -> int:
     return wanted
 
 
-def rank_num_blocks(config: EngineConfig, spec: ModelSpec, device: torch.device) -> int:
+def rank_num_blocks(
+    config: EngineConfig,
+    spec: ModelSpec,
+    memory: DeviceMemory | None,
+    warm_up: Callable[[DeviceMemory], int],
+) -> int:
     """How many KV blocks this rank's pool gets (its own heads), before the ranks agree: num_kv_blocks as
-    given, else what fits in the budget, capped at what the batch can use (`kv_cache.capped_num_blocks`)."""
+    given, else engine/kv_sizing.py's rule. With device memory to read (CUDA) and a fractional budget,
+    `warm_up(memory)` measures the step's reserve first (bytes); the free memory is read after it, once
+    its cache is handed back. memory None (the CPU): the explicit budget, nothing measured."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
-    fits = num_blocks_for_budget(spec, config.block_size, device, config.kv_cache_memory)
     max_model_len = resolve_max_model_len(config.max_model_len, spec.max_position_embeddings)
-    return capped_num_blocks(fits, config.max_num_seqs, max_model_len, config.block_size)
+    reserve = 0
+    if memory is not None and measures_reserve(config.kv_cache_memory, on_device=True):
+        reserve = warm_up(memory)
+    budget = engine_memory(config.kv_cache_memory, memory.free() if memory is not None else None)
+    per_block = bytes_per_block(spec, config.block_size)
+    cap = most_blocks_usable(config.max_num_seqs, max_model_len, config.block_size)
+    size = kv_pool_size(budget, reserve, per_block, cap)
+    if size.blocks < 1:
+        raise ValueError(
+            f"KV budget of {budget} bytes less a step's reserve of {reserve} bytes is below one block "
+            f"({per_block} bytes)"
+        )
+    log.info(
+        "KV pool sized",
+        blocks=size.blocks,
+        fit_in_memory=size.fits,
+        memory_bytes=budget,
+        reserve_bytes=reserve,
+        capped_at_what_the_batch_can_use=size.capped,
+    )
+    return size.blocks
 
 
 def agree_num_blocks(group: TPGroup, num_blocks: int, device: torch.device) -> int:

@@ -8,7 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.distributed.rank_runner import rank_num_blocks, resolve_max_model_len
-from engine.kv_cache import PREFIX_CACHE_FACTOR
+from engine.kv_sizing import PREFIX_CACHE_FACTOR
 from engine.model_loader import ModelSpec
 
 SPEC = ModelSpec(
@@ -31,9 +31,9 @@ def test_unset_is_the_models_limit_and_more_is_refused():
         resolve_max_model_len(300, 256)
 
 
-def test_the_pool_cap_uses_the_resolved_length(monkeypatch):
-    monkeypatch.setattr("engine.distributed.rank_runner.num_blocks_for_budget", lambda *a: 10**6)
+def test_the_pool_cap_uses_the_resolved_length():
     config = EngineConfig(model="m", max_num_seqs=2, block_size=16)  # max_model_len unset: 256
-    assert rank_num_blocks(config, SPEC, torch.device("cpu")) == PREFIX_CACHE_FACTOR * 2 * 16
+    # 1 GiB of CPU budget fits far more than the cap.
+    assert rank_num_blocks(config, SPEC, None, lambda _memory: 0) == PREFIX_CACHE_FACTOR * 2 * 16
     with pytest.raises(ValueError, match="exceeds"):
-        rank_num_blocks(EngineConfig(model="m", max_model_len=512), SPEC, torch.device("cpu"))
+        rank_num_blocks(EngineConfig(model="m", max_model_len=512), SPEC, None, lambda _memory: 0)

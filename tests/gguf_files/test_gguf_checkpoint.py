@@ -119,7 +119,7 @@ def test_a_type_without_a_dequantizer_is_refused_naming_it():
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_plan_reads_a_gguf_file_as_its_source_folder(tiny_gguf, arch):
-    from engine.plan import plan
+    from engine.capacity_plan import plan
 
     folder, path = tiny_gguf(arch)
     assert plan(path, 1 << 30, max_model_len=256) == plan(folder, 1 << 30, max_model_len=256)

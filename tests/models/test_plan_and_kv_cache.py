@@ -7,15 +7,11 @@ import json
 import pytest
 import torch
 
-from engine.kv_cache import (
-    allocate_kv_pool,
-    bytes_per_block,
-    bytes_per_token,
-    layer_views,
-    num_blocks_for_budget,
-)
+from engine.capacity_plan import format_plan, plan
+from engine.config import EngineConfig
+from engine.distributed.rank_runner import rank_num_blocks
+from engine.kv_cache import allocate_kv_pool, bytes_per_block, bytes_per_token, layer_views
 from engine.model_loader import ModelSpec
-from engine.plan import format_plan, plan
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -57,8 +53,10 @@ def test_llama3_8b_plan_over_two_and_sixteen_gpus(tmp_path):
     assert 2 * two.params_per_gpu == one.num_params + (2 * 32 + 1) * 4096
     assert two.weight_bytes == 2 * two.params_per_gpu
     assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2  # 4 of the 8 KV heads per GPU
-    assert two.num_blocks == (80 * 2**30 - two.weight_bytes - two.activation_reserve_bytes) // (2**20)
-    assert two.num_blocks > 2 * one.num_blocks  # half the KV per token and room freed by the weights
+    assert two.blocks_fit == (80 * 2**30 - two.weight_bytes - two.activation_reserve_bytes) // (2**20)
+    # Capped as the engine caps a pool: 2 x 64 sequences of 8192 tokens in 16-token blocks.
+    assert two.num_blocks == 2 * 64 * 512 < two.blocks_fit and "(capped: 74130 fit" in format_plan(two)
+    assert two.blocks_fit > 2 * one.num_blocks  # half the KV per token and room freed by the weights
     assert two.concurrency[1024] == two.num_blocks // 64
     assert "2 GPUs; every size below is per GPU" in format_plan(two) and "4.02B per GPU" in format_plan(two)
     # 16 GPUs, 8 KV heads: each KV head replicated on two GPUs, so KV per token is 1/8, not 1/16.
@@ -94,26 +92,44 @@ def test_plan_reports_no_room(tmp_path):
 SPEC = ModelSpec(2, 4, 2, 16, 64, 512, 2048, torch.float32, frozenset({1}))
 
 
+class FreeMemory:
+    def __init__(self, free: int) -> None:
+        self.bytes = free
+
+    def free(self) -> int:
+        return self.bytes
+
+
+def _blocks(device: FreeMemory | None, memory: float | None = None, reserve: int = 0) -> int:
+    """The pool on the CPU (device None) or on a device with this much free memory, after a warm-up
+    that measured `reserve`."""
+    config = EngineConfig(model="m", block_size=16, max_num_seqs=10**6, kv_cache_memory=memory)
+    return rank_num_blocks(config, SPEC, device, lambda _memory: reserve)
+
+
 def test_kv_sizes_and_budget():
     assert bytes_per_token(SPEC) == 2 * 2 * 2 * 16 * 4
     assert bytes_per_token(SPEC, torch.bfloat16) == 256
     assert bytes_per_block(SPEC, 16) == 16 * 512
-    assert num_blocks_for_budget(SPEC, 16, "cpu") == 2**30 // (16 * 512)
-    assert num_blocks_for_budget(SPEC, 16, "cpu", memory=10 * 16 * 512 + 5) == 10
+    assert _blocks(None) == 2**30 // (16 * 512)
+    # The CPU has no device memory to read: the budget is the pool's own, nothing is measured.
+    assert _blocks(None, memory=10 * 16 * 512 + 5, reserve=10**9) == 10
     with pytest.raises(ValueError, match="below one block"):
-        num_blocks_for_budget(SPEC, 16, "cpu", memory=100)
+        _blocks(None, memory=100)
 
 
-def test_cuda_budget_is_a_fraction_of_free_memory_or_bytes(monkeypatch):
-    # No GPU needed: the free-memory query is the only CUDA call on this path.
+def test_cuda_budget_is_a_fraction_of_free_memory_less_the_measured_reserve_or_bytes():
     block = 16 * 512
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1000 * block, 4000 * block))
-    assert num_blocks_for_budget(SPEC, 16, "cuda") == 900  # default: 0.9 of what is free now
-    assert num_blocks_for_budget(SPEC, 16, "cuda:0", memory=0.5) == 500
-    assert num_blocks_for_budget(SPEC, 16, "cuda", memory=1.0) == 1000
-    assert num_blocks_for_budget(SPEC, 16, "cuda", memory=30 * block + 1) == 30  # above 1: bytes
+    cuda = FreeMemory(1000 * block)
+    assert _blocks(cuda) == 900  # default: 0.9 of what is free after the weights
+    assert _blocks(cuda, reserve=100 * block + 1) == 799  # less the warm-up's peak
+    assert _blocks(cuda, memory=0.5) == 500
+    assert _blocks(cuda, memory=1.0) == 1000
+    assert _blocks(cuda, memory=30 * block + 1, reserve=10**9) == 30  # above 1: bytes, the pool's own
     with pytest.raises(ValueError, match="below one block"):
-        num_blocks_for_budget(SPEC, 16, "cuda", memory=0.0001)
+        _blocks(cuda, memory=0.0001)
+    with pytest.raises(ValueError, match="reserve of"):
+        _blocks(cuda, reserve=900 * block)
 
 
 def test_pool_views_are_per_layer_and_contiguous():
@@ -131,9 +147,12 @@ def test_plan_kv_bytes_per_token_equal_what_the_engine_allocates(tiny_model_dir,
     model = tiny_model_dir(arch)
     llm = LLMEngine(str(model), num_kv_blocks=4, block_size=16, dtype="float32", device="cpu")
     pool = llm.runner.kv_pool  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-    allocated_per_token = pool.numel() * pool.element_size() // (4 * 16)
+    allocated_per_block = pool.numel() * pool.element_size() // 4
     p = plan(model, 2**30, dtype="float32", block_size=16)
-    assert p.kv_bytes_per_token == allocated_per_token
+    assert p.kv_bytes_per_token * 16 == p.kv_bytes_per_block == allocated_per_block
+    # The right-sizing rule: a 1000-token user holds ceil(1000 / 16) = 63 of the engine's blocks.
+    assert p.kv_bytes_per_user(1000) == 63 * allocated_per_block
+    assert f"(ceil(1000 / 16) blocks x {allocated_per_block / 1024:.1f} KiB)" in format_plan(p)
     assert p.num_params == sum(t.numel() for t in llm.model.parameters())
 
 

@@ -7,7 +7,7 @@ import json
 
 from click.testing import CliRunner
 
-from engine.plan import format_plan, plan
+from engine.capacity_plan import format_plan, plan
 from worker.cli.main import main
 
 MISTRAL_7B_V01 = {

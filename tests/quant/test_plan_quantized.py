@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from engine.capacity_plan import plan
 from engine.model_loader import load_model
-from engine.plan import plan
 from engine.quant import weight_bytes
 from engine.quant.memory import linear_bytes
 from worker.cli.main import main

@@ -530,8 +530,16 @@ def _size_option(ctx, param, value):
     help="count the linear projections as the engine's quantized kernels store them (native models)",
 )
 def plan_cmd(model: str, memory: int, max_model_len, dtype: str, block_size: int, **kw) -> None:
-    """How many KV blocks and concurrent sequences fit in a memory budget (reads only config.json)."""
-    from engine.plan import format_plan, plan
+    """How many KV blocks and concurrent sequences fit in a memory budget (reads only config.json).
+
+    \b
+    The engine's own rule (engine/kv_sizing.py):
+      KV per block = block_size x layers x 2 (K, V) x KV heads x head_dim x dtype bytes
+      blocks       = (memory - weights - activation reserve) // KV per block
+      KV per user  = ceil(tokens / block_size) x KV per block   ("KV per 1k-token user")
+    so users that fit at once = KV pool / KV per user. The reserve here is an estimate; the engine on
+    CUDA measures it with a warm-up step at --max-num-batched-tokens and --max-num-seqs."""
+    from engine.capacity_plan import format_plan, plan
 
     try:
         result = plan(

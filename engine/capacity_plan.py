@@ -1,15 +1,17 @@
-"""Back-of-the-envelope capacity plan from config.json alone (or a GGUF file's metadata): weights, KV per
-token, blocks, concurrency.
+"""`conveyor plan`: a capacity plan from config.json alone (or a GGUF file's metadata): weights, KV per
+token, blocks, concurrency, and the memory each concurrent user needs.
 It parses config.json with the engine's ModelArgs (the Llama family) or transformers (every other family,
-engine/models/generic/shape.py) and sizes KV with engine/kv_cache.py's formula.
+engine/models/generic/shape.py) and sizes the pool with the engine's own rule (engine/kv_sizing.py):
 
-    KV bytes per token = num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
-    blocks             = (memory - weights - activation reserve) // (block_size * KV bytes per token)
+    KV bytes per block = block_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * dtype bytes
+    blocks             = (memory - weights - activation reserve) // KV bytes per block, capped as the engine
+                         caps a pool (2 x max_num_seqs sequences of max_model_len)
+    KV per user        = ceil(tokens / block_size) * KV bytes per block   (printed for a 1k-token user)
     concurrent seqs    = blocks // ceil(min(seq_len, max_model_len) / block_size)
 
-The activation reserve is an estimate of one step's transient tensors: for every batched token the
-hidden state, residual, qkv and the gate/up output (`tokens * (2*hidden + qkv_width + 2*intermediate)`
-elements in the model dtype), plus float32 logits for every sampled row (`max_num_seqs * vocab * 4`).
+The activation reserve is an estimate of one step's transient tensors (kv_sizing.activation_estimate): for
+every batched token the hidden state, residual, qkv and the gate/up output in the model dtype, plus float32
+logits for every sampled row. The engine on CUDA measures it instead, with a warm-up forward.
 
 With `tensor_parallel_size` N every figure is per GPU: the split weights (attention heads, MLP columns, the
 vocabulary padded to a multiple of N) count 1/N, KV heads `kv_heads_per_rank` (replicated when fewer than N),
@@ -34,7 +36,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.distributed.partition import check_model_splits, kv_heads_per_rank, padded_vocab
-from engine.kv_cache import kv_bytes_per_token
+from engine.kv_sizing import (
+    activation_estimate,
+    bytes_per_user,
+    kv_bytes_per_token,
+    kv_pool_size,
+    most_blocks_usable,
+)
 from engine.models.config import ModelArgs
 from engine.models.registry import is_native
 from engine.quant.memory import PLAN_QUANTIZATIONS, linear_bytes
@@ -54,7 +62,7 @@ class Plan:
     activation_reserve_bytes: int
     memory_bytes: int
     kv_budget_bytes: int
-    num_blocks: int
+    num_blocks: int  # capped as the engine caps a pool sized from memory
     block_size: int
     max_model_len: int
     dtype: str
@@ -66,10 +74,15 @@ class Plan:
     tensor_parallel_size: int = 1
     params_per_gpu: int | None = None  # None: num_params (one GPU)
     quantization: str = "none"
+    blocks_fit: int | None = None  # before the cap; None: the same as num_blocks
 
     @property
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    def kv_bytes_per_user(self, tokens: int) -> int:
+        """KV memory one concurrent sequence of `tokens` tokens needs (whole blocks)."""
+        return bytes_per_user(tokens, self.block_size, self.kv_bytes_per_block)
 
 
 def count_params(args: ModelArgs, tensor_parallel_size: int = 1) -> int:
@@ -156,11 +169,20 @@ def plan(
     per_token = kv_bytes_per_token(args.num_layers, kv_heads, args.head_dim, item)
     per_block = per_token * block_size
     qkv = (args.num_heads // n + 2 * kv_heads) * args.head_dim
-    reserve = max_num_batched_tokens * (2 * args.hidden_size + qkv + 2 * args.intermediate_size // n) * item
-    reserve += max_num_seqs * args.vocab_size * 4  # rank 0 gathers every rank's logits columns
-    budget = max(0, memory_bytes - weights - reserve)
-    blocks = budget // per_block
+    reserve = activation_estimate(
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        hidden_size=args.hidden_size,
+        qkv_width=qkv,
+        intermediate_size=args.intermediate_size // n,
+        vocab_size=args.vocab_size,  # rank 0 gathers every rank's logits columns
+        itemsize=item,
+    )
     model_len = max_model_len or args.max_position_embeddings
+    size = kv_pool_size(
+        memory_bytes - weights, reserve, per_block, most_blocks_usable(max_num_seqs, model_len, block_size)
+    )
+    blocks = size.blocks
     if seq_lens is None:  # a short, a medium and a full-length sequence
         seq_lens = sorted({max(1, model_len // 8), max(1, model_len // 2), model_len})
     too_long = [n for n in seq_lens if n > model_len or n < 1]
@@ -174,7 +196,7 @@ def plan(
         kv_bytes_per_block=per_block,
         activation_reserve_bytes=reserve,
         memory_bytes=memory_bytes,
-        kv_budget_bytes=budget,
+        kv_budget_bytes=size.budget_bytes,
         num_blocks=blocks,
         block_size=block_size,
         max_model_len=model_len,
@@ -185,6 +207,7 @@ def plan(
         tensor_parallel_size=n,
         params_per_gpu=per_gpu if n > 1 else None,
         quantization=quantization,
+        blocks_fit=size.fits if size.capped else None,
     )
 
 
@@ -217,7 +240,14 @@ def format_plan(p: Plan) -> str:
         f"KV per block        {_size(p.kv_bytes_per_block)}  (block_size {p.block_size})",
         f"memory budget       {_size(p.memory_bytes)}",
         f"activation reserve  {_size(p.activation_reserve_bytes)}  (one step's transient tensors + fp32 logits)",
-        f"KV pool             {_size(p.kv_budget_bytes)} -> {p.num_blocks} blocks = {p.kv_tokens} tokens",
+        f"KV pool             {_size(p.kv_budget_bytes)} -> {p.num_blocks} blocks = {p.kv_tokens} tokens"
+        + (
+            f" (capped: {p.blocks_fit} fit; more only keeps freed prefix blocks)"
+            if p.blocks_fit is not None
+            else ""
+        ),
+        f"KV per 1k-token user {_size(p.kv_bytes_per_user(1000))}  "
+        f"(ceil(1000 / {p.block_size}) blocks x {_size(p.kv_bytes_per_block)})",
         f"max_model_len       {p.max_model_len}",
     ]
     windowed = sorted({w for w in p.layer_windows if w is not None})
