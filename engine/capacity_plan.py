@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.config import engine_default
 from engine.distributed.partition import check_model_splits, kv_heads_per_rank, padded_vocab
 from engine.kv_sizing import (
     activation_estimate,
@@ -68,7 +69,7 @@ class Plan:
     dtype: str
     # seq_len -> how many sequences of that length fit in the KV pool at once
     concurrency: dict[int, int]
-    max_num_seqs: int = 64
+    max_num_seqs: int = engine_default("max_num_seqs")
     # Per layer: its sliding window, or None (full attention). Informational: KV bytes do not shrink.
     layer_windows: tuple[int | None, ...] = ()
     tensor_parallel_size: int = 1
@@ -135,14 +136,16 @@ def plan(
     memory_bytes: int,
     max_model_len: int | None = None,
     dtype: str = "bfloat16",
-    block_size: int = 16,
+    block_size: int = engine_default("block_size"),
     seq_lens: Sequence[int] | None = None,
     *,
-    max_num_batched_tokens: int = 2048,
-    max_num_seqs: int = 64,
-    tensor_parallel_size: int = 1,
+    max_num_batched_tokens: int = engine_default("max_num_batched_tokens"),
+    max_num_seqs: int = engine_default("max_num_seqs"),
+    tensor_parallel_size: int = engine_default("tensor_parallel_size"),
     quantization: str = "none",
 ) -> Plan:
+    """dtype and quantization name what is sized: no "auto" (a GGUF file's own precision) here; the other
+    sizes default to the engine's."""
     path = Path(config_path_or_dir)
     cfg = _read_config(path)
     if dtype not in _ITEMSIZE:

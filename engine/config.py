@@ -13,30 +13,16 @@ from typing import Any, Literal
 from kernels.block_sizes import BLOCK_SIZES, TRITON_BLOCK_SIZES
 
 
-def knob(default: Any, help: str) -> Any:
-    """A config field with the help text the CLI shows for it."""
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Everything the scheduler and block manager need; plain ints so tests build it in one line."""
-
-    num_blocks: int
-    block_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 4096
-    enable_prefix_caching: bool = True
-    # "continuous": iteration-level batching. "static": a new batch starts only when the last one ended.
-    scheduling: Literal["continuous", "static"] = "continuous"
-    policy: Literal["fcfs", "priority"] = "fcfs"
-
-    def __post_init__(self) -> None:
-        _check_at_least_one(
-            self, "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"
-        )
-        check_choices(self)
+def knob(default: Any, help: str, cli: str | None = None, min: float | None = None) -> Any:
+    """A config field with the help text its command-line option shows (worker/cli/options.py), the
+    option's name when it is not the field's own, and the least value the option takes. The one `knob`
+    of every config dataclass (engine, worker, batch API, Redis connection)."""
+    metadata: dict[str, Any] = {"help": help}
+    if cli is not None:
+        metadata["cli"] = cli
+    if min is not None:
+        metadata["min"] = min
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -137,6 +123,33 @@ class EngineConfig:
             raise ValueError("enable_cuda_graphs needs the triton attention backend, not torch")
         if self.enable_cuda_graphs and self.device != "auto" and not self.device.startswith("cuda"):
             raise ValueError(f"enable_cuda_graphs needs a CUDA device, got device={self.device!r}")
+        check_choices(self)
+
+
+def engine_default(name: str) -> Any:
+    """EngineConfig's default for a field, so that SchedulerConfig does not state it a second time."""
+    return next(f.default for f in fields(EngineConfig) if f.name == name)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Everything the scheduler and block manager need; plain ints so tests build it in one line. Defaults
+    are EngineConfig's; max_model_len's (there None: the model's) is a length tests can build with."""
+
+    num_blocks: int
+    block_size: int = engine_default("block_size")
+    max_num_seqs: int = engine_default("max_num_seqs")
+    max_num_batched_tokens: int = engine_default("max_num_batched_tokens")
+    max_model_len: int = 4096
+    enable_prefix_caching: bool = engine_default("enable_prefix_caching")
+    # "continuous": iteration-level batching. "static": a new batch starts only when the last one ended.
+    scheduling: Literal["continuous", "static"] = engine_default("scheduling")
+    policy: Literal["fcfs", "priority"] = engine_default("scheduling_policy")
+
+    def __post_init__(self) -> None:
+        _check_at_least_one(
+            self, "num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"
+        )
         check_choices(self)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
 
+from engine.config import knob
 from worker.intake.limits import Limits
 from worker.keys import Keys
 
@@ -16,11 +16,6 @@ CLUSTER_SHARDS = 8  # a cluster's shards when --shards is not given
 def default_consumer() -> str:
     """Unique per process; pass --consumer to keep a name across restarts (pending entries are resumed)."""
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def knob(default: Any, help: str, cli: str | None = None) -> Any:
-    """A config field with its command-line help (and option name, when not the field's own)."""
-    return field(default=default, metadata={"help": help, **({"cli": cli} if cli else {})})
 
 
 @dataclass(frozen=True)

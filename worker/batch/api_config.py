@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import knob
 from worker.batch.file_store import DEFAULT_MAX_FILE_BYTES
 from worker.batch.input_checks import DEFAULT_MAX_LINES
-from worker.config import knob
 
 
 @dataclass(frozen=True)

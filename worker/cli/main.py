@@ -7,6 +7,7 @@ made from EngineConfig, WorkerConfig and Limits (worker/cli/options.py): default
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -23,8 +24,10 @@ from worker.cli.niceness import MAX_NICENESS
 from worker.cli.options import config_defaults, config_options, opt, pop_config_kwargs
 from worker.cli.sizes import parse_size
 from worker.config import CLUSTER_SHARDS, WorkerConfig
+from worker.gateway.settings import GatewaySettings
 from worker.intake.limits import Limits
 from worker.keys import Keys
+from worker.redis_settings import RedisSettings
 
 ENGINE_DEFAULTS = config_defaults(EngineConfig)
 # `conveyor plan` sizes for a concrete dtype: every engine dtype but "auto".
@@ -34,6 +37,15 @@ PLAN_QUANTIZATIONS = [q for q in literal_choices(EngineConfig, "quantization") o
 # Fields that are not options of their own: the group comes from --group (default: from the model), the
 # keys and limits from their own dataclasses' options.
 WORKER_FIELDS_NOT_OPTIONS = ("group", "keys", "limits")
+# GatewaySettings' fields that are not `serve` options of their own: the Redis connection's (RedisSettings'
+# options), the repeatable --api-key, the batch API's (BatchApiConfig's options), and two left to the code.
+GATEWAY_FIELDS_NOT_OPTIONS = (
+    *(f.name for f in dataclasses.fields(RedisSettings)),
+    "api_keys",
+    "batches",
+    "retry_after_s",
+    "read_block_ms",
+)
 # `conveyor submit` writes to the requests stream only.
 CLIENT_KEYS_NOT_OPTIONS = ("dead_stream",)
 
@@ -49,29 +61,8 @@ def _redis_url_option(ctx, param, value: str) -> str:
 
 
 def redis_connection_options(f):
-    """--redis-url, its socket timeout and the TLS options: every command that talks to Redis."""
-    for decorator in reversed(
-        [
-            opt(
-                "--redis-url",
-                default="redis://localhost:6379/0",
-                help="redis://, rediss:// (TLS); user:password@ for ACL",
-                callback=_redis_url_option,
-            ),
-            opt(
-                "--redis-socket-timeout",
-                type=click.FloatRange(min=0.1),
-                default=30.0,
-                help="seconds a Redis reply may take before the connection counts as lost (a frozen network)",
-            ),
-            opt("--redis-ca-certs", default=None, help="TLS: CA bundle"),
-            opt("--redis-certfile", default=None, help="TLS: client certificate"),
-            opt("--redis-keyfile", default=None, help="TLS: client key"),
-            opt("--redis-cert-reqs", type=click.Choice(["required", "optional", "none"]), default=None),
-        ]
-    ):
-        f = decorator(f)
-    return f
+    """--redis-url, its socket timeout and the TLS options (RedisSettings): every command that talks to Redis."""
+    return config_options(RedisSettings, callbacks={"redis_url": _redis_url_option})(f)
 
 
 def redis_options(f):
@@ -320,11 +311,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
 
 @main.command()
 @redis_connection_options
-@opt("--prefix", default="conveyor", help="key prefix (the workers' --prefix)")
-@opt("--cluster", is_flag=True, help="Redis Cluster: submit to a shard (protocol version 2's keys)")
-@opt("--shards", type=int, default=8, help="cluster mode: the workers' --shards")
-@opt("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-@opt("--port", type=int, default=8000)
+@config_options(GatewaySettings, exclude=GATEWAY_FIELDS_NOT_OPTIONS)
 @click.option(
     "--api-key",
     "api_keys",
@@ -332,12 +319,6 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     envvar="CONVEYOR_API_KEYS",
     help="KEY (tenant 'default') or TENANT=KEY; repeatable; env CONVEYOR_API_KEYS, comma-separated. "
     "None given: no key is asked for",
-)
-@opt("--max-body-bytes", type=click.IntRange(min=1024), default=1 << 20, help="larger bodies get 413")
-@opt("--max-queued", type=click.IntRange(min=0), default=0, help="queued jobs per model before 429 (0: off)")
-@opt("--request-timeout", type=click.FloatRange(min=0.1), default=600.0, help="seconds before 504")
-@opt(
-    "--metrics-port", type=int, default=0, help="Prometheus port of its own (0: off; /metrics is served too)"
 )
 @opt("--log-level", default="info")
 @config_options(BatchApiConfig)
@@ -347,14 +328,16 @@ def serve(**kw: Any) -> None:
 
     from worker.cli import logs
     from worker.gateway.serve import run
-    from worker.gateway.settings import GatewaySettings, parse_api_keys
+    from worker.gateway.settings import parse_api_keys
 
     try:
-        kw["api_keys"] = parse_api_keys(kw["api_keys"])
-        kw["request_timeout_s"] = kw.pop("request_timeout")
+        api_keys = parse_api_keys(kw.pop("api_keys"))
         log_level = kw.pop("log_level")
-        kw["batches"] = BatchApiConfig(**pop_config_kwargs(BatchApiConfig, kw))
-        settings = GatewaySettings(**kw)
+        batches = BatchApiConfig(**pop_config_kwargs(BatchApiConfig, kw))
+        gateway = pop_config_kwargs(GatewaySettings, kw, exclude=GATEWAY_FIELDS_NOT_OPTIONS)
+        redis = pop_config_kwargs(RedisSettings, kw)
+        assert not kw, f"options not passed on: {sorted(kw)}"
+        settings = GatewaySettings(**redis, **gateway, api_keys=api_keys, batches=batches)
         logs.configure(log_level)
     except (ValueError, ValidationError) as exc:
         raise click.BadParameter(str(exc)) from None
@@ -520,7 +503,11 @@ def _size_option(ctx, param, value):
     "--seq-len", "seq_lens", type=int, multiple=True, help="sequence lengths to size for (repeatable)"
 )
 @click.option(
-    "--tensor-parallel-size", type=int, default=1, show_default=True, help="GPUs the model splits over"
+    "--tensor-parallel-size",
+    type=int,
+    default=ENGINE_DEFAULTS["tensor_parallel_size"],
+    show_default=True,
+    help="GPUs the model splits over",
 )
 @click.option(
     "--quantization",

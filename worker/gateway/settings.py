@@ -7,33 +7,50 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from worker.batch.api_config import BatchApiConfig
+from worker.config import CLUSTER_SHARDS
+from worker.keys import Keys
 from worker.protocol import TENANT_PATTERN
+from worker.redis_settings import RedisSettings
 
 DEFAULT_TENANT = "default"  # the tenant of a key given without one (`--api-key KEY`)
 
 
+_REDIS = RedisSettings()
+
+
 class GatewaySettings(BaseModel):
+    """Each field but the Redis connection's (RedisSettings' options), api_keys (the repeatable --api-key),
+    batches (BatchApiConfig's options), retry_after_s and read_block_ms is a `conveyor serve` option
+    (worker/cli/options.py): its description is the help, its constraints the option's range, and
+    json_schema_extra's "cli" the option's name where it is not the field's."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    redis_url: str = "redis://localhost:6379/0"
-    redis_socket_timeout: float = Field(30.0, gt=0)
+    redis_url: str = _REDIS.redis_url
+    redis_socket_timeout: float = Field(_REDIS.redis_socket_timeout, gt=0)
     # TLS (rediss://), passed to redis-py as worker.connection.TlsOptions does
-    redis_ca_certs: str | None = None
-    redis_certfile: str | None = None
-    redis_keyfile: str | None = None
-    redis_cert_reqs: str | None = None
-    cluster: bool = False
-    shards: int = Field(8, ge=1)
-    prefix: str = "conveyor"
-    host: str = "127.0.0.1"
+    redis_ca_certs: str | None = _REDIS.redis_ca_certs
+    redis_certfile: str | None = _REDIS.redis_certfile
+    redis_keyfile: str | None = _REDIS.redis_keyfile
+    redis_cert_reqs: str | None = _REDIS.redis_cert_reqs
+    prefix: str = Field(Keys().prefix, description="key prefix (the workers' --prefix)")
+    cluster: bool = Field(False, description="Redis Cluster: submit to a shard (protocol version 2's keys)")
+    shards: int = Field(CLUSTER_SHARDS, ge=1, description="cluster mode: the workers' --shards")
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
     port: int = Field(8000, ge=0, lt=65536)
-    metrics_port: int = Field(0, ge=0, lt=65536)  # 0: no Prometheus listener of its own (/metrics still is)
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger bodies get 413")
+    # jobs waiting in a model's stream before 429 (0: no limit)
+    max_queued: int = Field(0, ge=0, description="queued jobs per model before 429 (0: off)")
+    # 504 after this; also the job's deadline
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="seconds before 504", json_schema_extra={"cli": "request-timeout"}
+    )
+    metrics_port: int = Field(
+        0, ge=0, lt=65536, description="Prometheus port of its own (0: off; /metrics is served too)"
+    )
     # API key -> tenant. Empty: no key is asked for, and jobs carry no tenant.
     api_keys: dict[str, str] = Field(default_factory=dict)
-    max_body_bytes: int = Field(1 << 20, ge=1024)  # 413 above this
-    max_queued: int = Field(0, ge=0)  # jobs waiting in a model's stream before 429 (0: no limit)
     retry_after_s: int = Field(1, ge=1)  # the Retry-After of a 429
-    request_timeout_s: float = Field(600.0, gt=0)  # 504 after this; also the job's deadline
     read_block_ms: int = Field(2000, ge=1)  # longest XREAD BLOCK on an output stream
     batches: BatchApiConfig = Field(default_factory=BatchApiConfig)  # /v1/files and /v1/batches
 
