@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from engine.config import knob
 
 
 @dataclass(frozen=True)
 class Keys:
     """Names under one prefix. The request and dead-letter streams can be renamed on their own."""
 
-    # The metadata is each field's command-line option (worker/cli/options.py).
-    prefix: str = field(default="conveyor", metadata={"help": "key prefix"})
-    requests_stream: str = field(
-        default="", metadata={"help": "requests stream (default <prefix>:requests)", "cli": "stream"}
-    )
-    dead_stream: str = field(default="", metadata={"help": "dead-letter stream (default <prefix>:dead)"})
-    served_model: str = field(
-        default="",
-        metadata={
-            "help": "the model name clients ask for; given, its jobs have a stream of their own, "
-            "<prefix>:requests:<name> (default: the checkpoint folder's name, on <prefix>:requests)",
-            "cli": "served-model-name",
-        },
+    # Each field is a command-line option (worker/cli/options.py).
+    prefix: str = knob("conveyor", "key prefix")
+    requests_stream: str = knob("", "requests stream (default <prefix>:requests)", cli="stream")
+    dead_stream: str = knob("", "dead-letter stream (default <prefix>:dead)")
+    served_model: str = knob(
+        "",
+        "the model name clients ask for; given, its jobs have a stream of their own, "
+        "<prefix>:requests:<name> (default: the checkpoint folder's name, on <prefix>:requests)",
+        cli="served-model-name",
     )
 
     def __post_init__(self) -> None:

@@ -5,17 +5,16 @@ The prompt's length is the engine's to check (it alone tokenizes): see EngineCon
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from engine.config import knob
 from worker.error_codes import ErrorCode, JobError
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_payload_bytes: int = field(default=1 << 20, metadata={"help": "largest job payload accepted"})
-    max_tokens: int | None = field(
-        default=None, metadata={"help": "largest max_tokens a job may ask for", "cli": "max-tokens-limit"}
-    )
+    max_payload_bytes: int = knob(1 << 20, "largest job payload accepted")
+    max_tokens: int | None = knob(None, "largest max_tokens a job may ask for", cli="max-tokens-limit")
 
 
 def check_payload(raw: bytes, limits: Limits, job_id: str | None = None) -> None:
