@@ -60,4 +60,3 @@ def dashboard_app(client, prefix: str = "conveyor", streams: tuple[str, ...] = (
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
     )
-
