@@ -55,6 +55,7 @@ from benchmarks.cpu_split import CpuSplit, pin, run_pinned, split_cpus  # noqa: 
 from benchmarks.kernel_stamps import receive, stamp_arrivals  # noqa: E402
 from benchmarks.proc_counters import cpu_seconds, write_calls  # noqa: E402
 from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
+from benchmarks.served import add_model_options  # noqa: E402
 from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
 from worker.cli.logs import configure as configure_logs  # noqa: E402
@@ -389,7 +390,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="bench", help="bench (default), tiny[:arch], or a folder")
+    add_model_options(parser, "bench")  # and "bench", the default: benchmarks/workload.py's 50M Llama
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--max-output", type=int, default=512)
