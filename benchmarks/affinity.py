@@ -7,13 +7,13 @@ affinity, in one run.
     python benchmarks/affinity.py --repeats 3        # 3 runs of both modes (ABBA order): medians
 
 Setup: a redis-server of its own, 3 `conveyor worker` processes (the tiny model, one torch thread each,
---shards S on one Redis, the workers' default batch limit of 64 sequences unless --max-num-seqs), each
-with a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct 512-token prefixes, each
-followed by 8 short suffixes, all 288 jobs queued at once in random order, 32 output tokens, greedy.
-Multi-turn run: 24 conversations (each opened by a document of its own) of 6 turns, turns interleaved (turn k of every conversation, then turn k+1 with the replies). "without": jobs
-carry no key (spread by id over the shards) and workers read every shard alike (their default policy);
-"with": jobs carry the default key (worker/affinity_key.py) and workers run with --affinity (home shards
-by rendezvous hashing, then stealing).
+--shards S on one Redis, the workers' default batch limit of 64 sequences unless --max-num-seqs), each with
+a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct 512-token prefixes, each followed by
+8 short suffixes, all 288 jobs queued at once in random order, 32 output tokens, greedy. Multi-turn run: 24
+conversations (each opened by a document of its own) of 6 turns, turns interleaved (turn k of every
+conversation, then turn k+1 with the replies). "without": jobs carry no key (spread by id over the shards)
+and workers read every shard alike (their default policy); "with": jobs carry the default key
+(worker/affinity_key.py) and workers run with --affinity (home shards by rendezvous hashing, then stealing).
 
 Reported per mode: the CPU seconds of each worker, redis-server and this process over the prefix run
 (`cpu_s`: the 2 cores are the budget, so a worker that spins costs the others), prompt tokens computed
