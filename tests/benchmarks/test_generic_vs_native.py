@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
 
 def test_quick_runs_both_paths_to_the_same_tokens(run_benchmark, tmp_path):
     out = tmp_path / "g.json"

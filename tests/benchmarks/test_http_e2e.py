@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
 
 def test_a_small_run_reads_every_token_both_ways(run_benchmark, redis_installed, tmp_path):
     args = ["--model", "tiny", "--num-requests", "4", "--max-prompt", "16", "--max-output", "4"]

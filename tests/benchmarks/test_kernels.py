@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
 
 def test_dry_run_times_every_kernel(run_benchmark, tmp_path):
     out = tmp_path / "k.json"

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = [pytest.mark.redis]
+
 
 def test_quick_pairs_one_redis_with_a_cluster(run_benchmark, redis_installed, tmp_path):
     out = tmp_path / "r.json"

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
 
 def test_quick_soak_loses_nothing(run_benchmark, redis_installed, tmp_path):
     out = tmp_path / "soak.json"

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+pytestmark = [pytest.mark.slow]
+
 
 def test_quick_measures_both_parts(run_benchmark, tmp_path):
     out = tmp_path / "s.json"
