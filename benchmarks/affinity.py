@@ -1,20 +1,19 @@
-"""Prefix affinity across workers (issue 22): the same jobs through 3 worker processes with and without
+"""Prefix affinity across workers: the same jobs through 3 worker processes with and without
 affinity, in one run.
 
-    python benchmarks/affinity.py                    # the issue's scale (see below)
-    python benchmarks/affinity.py --quick            # a third of the prefixes, half the jobs, a third of the pool
+    python benchmarks/affinity.py                    # the target's scale (see below)
+    python benchmarks/affinity.py --quick            # 2 workers, 4 short prefixes x 2 jobs: checks it runs
     python benchmarks/affinity.py --json out.json    # {"with": {...}, "without": {...}, "runs": [...]}
     python benchmarks/affinity.py --repeats 3        # 3 runs of both modes (ABBA order): medians
 
 Setup: a redis-server of its own, 3 `conveyor worker` processes (the tiny model, one torch thread each,
---shards S on one Redis, the workers' default batch limit of 64 sequences unless --max-num-seqs; sessions
-6-8 ran 8), each with a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct
-512-token prefixes, each followed by 8 short suffixes, all 288 jobs queued at once in random order, 32
-output tokens, greedy. Multi-turn run: 24 conversations (each opened by a document of its own) of 6
-turns, turns interleaved (turn k of every conversation, then turn k+1 with the replies). "without": jobs
-carry no key (spread by id over the shards) and workers read every shard alike (their default policy);
-"with": jobs carry the default key (worker/affinity_key.py) and workers run with --affinity (home shards
-by rendezvous hashing, then stealing).
+--shards S on one Redis, the workers' default batch limit of 64 sequences unless --max-num-seqs), each with
+a KV pool of about `--pool-prefixes` prefixes. Prefix run: 36 distinct 512-token prefixes, each followed by
+8 short suffixes, all 288 jobs queued at once in random order, 32 output tokens, greedy. Multi-turn run: 24
+conversations (each opened by a document of its own) of 6 turns, turns interleaved (turn k of every
+conversation, then turn k+1 with the replies). "without": jobs carry no key (spread by id over the shards)
+and workers read every shard alike (their default policy); "with": jobs carry the default key
+(worker/affinity_key.py) and workers run with --affinity (home shards by rendezvous hashing, then stealing).
 
 Reported per mode: the CPU seconds of each worker, redis-server and this process over the prefix run
 (`cpu_s`: the 2 cores are the budget, so a worker that spins costs the others), prompt tokens computed
@@ -25,7 +24,7 @@ rate. Prompt tokens computed is a count and holds on a loaded machine; the wall-
 Targets with affinity: computed <= 0.4x without, tok/s >= 1.5x, busiest/least busy worker <= 1.5,
 p99 queue wait no worse than without. With --repeats, the modes run in ABBA order and each figure is
 the median over the runs, each ratio the median of the runs' ratios (runs of 2-4 s on shared cores: one
-run's tok/s ratio ranged 0.7x-2.0x in session 8).
+run's tok/s ratio can be anywhere in 0.7x-2.0x).
 """
 
 from __future__ import annotations
@@ -302,7 +301,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="12 prefixes x 4 jobs, pool of 5, 8 x 3 turns")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="2 workers, 4 shards, 4 prefixes of 64 tokens x 2 jobs, pool of 2, 2 x 2 turns, 4 tokens each",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="write {'with': {...}, 'without': {...}} here")
     parser.add_argument("--repeats", type=int, default=1, help="runs of both modes, reported as medians")
     parser.add_argument("--logs", default=None, help="keep the workers' logs in this folder")
@@ -323,8 +325,9 @@ def main() -> None:
     parser.add_argument("--doc-tokens", type=int, default=256)
     args = parser.parse_args()
     if args.quick:
-        args.prefixes, args.jobs_per_prefix, args.pool_prefixes = 12, 4, 5
-        args.conversations, args.turns = 8, 3
+        args.workers, args.shards, args.prefixes, args.jobs_per_prefix = 2, 4, 4, 2
+        args.prefix_tokens, args.pool_prefixes, args.max_tokens = 64, 2, 4
+        args.conversations, args.turns, args.doc_tokens = 2, 2, 32
     blocks_per_prefix = -(-args.prefix_tokens // 16)
     args.kv_blocks = args.pool_prefixes * blocks_per_prefix
     model = resolve_model(args.model)

@@ -4,10 +4,11 @@ benchmarks/http_e2e.py's HTTP client and Redis reader stand for clients on other
 host they share the gateway's cores, and each chunk the gateway writes wakes the client, which the kernel
 places on the writer's core (a socket's wake-up says the writer is about to sleep). In a quarter of the
 gateway's passes over ~60 streams it was switched out about once per stream it wrote, and such a pass
-took 1.5-2x its CPU time (benchmarks/RESULTS.md, session 20). So the measurers get the last CPU of those
+took 1.5-2x its CPU time. So the measurers get the last CPU of those
 the benchmark may use and the gateway the others; the engine and Redis keep every CPU. With fewer than
 two CPUs, or where affinity cannot be set, nothing is pinned. On two cores this costs a CPU engine
-throughput where the gateway takes a large share of its one core (the tiny model: ~21%; same section).
+throughput where the gateway takes a large share of its one core (benchmarks/RESULTS.md, the gateway's
+section).
 """
 
 from __future__ import annotations

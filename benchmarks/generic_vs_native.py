@@ -3,6 +3,7 @@ native Llama code, on the engine benchmark's model, side by side in one run.
 
     python benchmarks/generic_vs_native.py                  # 64 requests, both paths in lockstep
     python benchmarks/generic_vs_native.py --moe            # also: a Mixtral of the same width, time in experts
+    python benchmarks/generic_vs_native.py --quick --out /tmp/g.json  # tiny models, 4 requests: checks it runs
 
 Both paths load the same checkpoint and serve the same seeded workload (greedy, ignore_eos) through LLMEngine
 with the same limits; the only difference is `model_impl`. They run in lockstep, one step of each in turn
@@ -27,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.served import resolve  # noqa: E402
 from benchmarks.workload import Job, bench_engine, bench_model_dir, make_workload  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
@@ -108,9 +110,8 @@ def profile_decode(model_dir: Path, jobs: list[Job], args: argparse.Namespace, i
     ]
 
 
-def moe_share(cache: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
+def moe_share(model_dir: Path, jobs: list[Job], args: argparse.Namespace) -> dict:
     """A Mixtral as wide as the benchmark model (8 experts, top 2): throughput and the experts' forward share."""
-    model_dir = bench_model_dir(cache, arch="mixtral", num_kv_heads=8, intermediate_size=704)
     engine = bench_engine(model_dir, args, dtype=args.dtype, device="cpu")
     spent = [0.0]
     starts: dict[int, float] = {}
@@ -154,12 +155,30 @@ def main() -> None:
         "--cache", type=Path, default=Path(os.environ.get("CONVEYOR_BENCH_CACHE", "/tmp/conveyor-bench"))
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "generic_vs_native.json")
+    ap.add_argument(
+        "--quick", action="store_true",
+        help="the tiny models (tiny, tiny:mixtral), 4 requests of <= 32 + 8 tokens, one warm-up and profiled step",
+    )  # fmt: skip
     args = ap.parse_args()
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_dir = bench_model_dir(args.cache)
-    jobs = make_workload(args.num_requests, max_prompt=args.max_prompt, max_output=args.max_output, seed=3)
+    if args.quick:
+        args.num_requests, args.max_prompt, args.max_output, args.max_batch = 4, 32, 8, 4
+        args.warmup, args.profile_steps, args.kv_blocks = 1, 1, 64
+        model_dir, moe_dir = Path(resolve("tiny")), Path(resolve("tiny:mixtral"))
+    else:
+        model_dir = bench_model_dir(args.cache)
+        moe_dir = bench_model_dir(args.cache, arch="mixtral", num_kv_heads=8, intermediate_size=704)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    jobs = make_workload(
+        args.num_requests,
+        min_prompt=min(16, args.max_prompt),
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        vocab_size=vocab,
+        seed=3,
+    )
     runs = [lockstep(model_dir, jobs, args) for _ in range(args.repeats)]
     for run in runs:
         print(json.dumps(run), flush=True)
@@ -174,7 +193,7 @@ def main() -> None:
         "decode_profile": {impl: profile_decode(model_dir, jobs, args, impl) for impl in IMPLS},
     }
     if args.moe:
-        report["moe"] = moe_share(args.cache, jobs, args)
+        report["moe"] = moe_share(moe_dir, jobs, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k not in ("args", "decode_profile")}, indent=2))

@@ -19,7 +19,7 @@ per request (/proc's syscw). Writes JSON to benchmarks/results/.
 The engine's thread runs at niceness +19 (`--worker-nice`), as `conveyor worker --nice 19` does in
 compose.cpu.yaml, where CPU workers share the host's cores with the gateway and Redis: at equal priority
 (`--worker-nice 0`) the gateway's pass waits for a core behind the engine's threads on a small machine,
-which is the CPU engine's cost, not the gateway's (benchmarks/RESULTS.md, session 19). The reader and the
+which is the CPU engine's cost, not the gateway's. The reader and the
 HTTP client keep their priority, so neither side of the comparison is favoured.
 The HTTP client and the Redis reader, which stand for clients on other machines, run on the last CPU and
 the gateway on the others (`--no-pin`: anywhere; benchmarks/cpu_split.py says why), in both runs; the
@@ -27,9 +27,9 @@ engine and Redis may use every CPU.
 `--replicas N` runs N gateway processes, each on its own port, and the client opens its connections on
 them in turn, as a balancer in front of stateless replicas would spread them.
 
-The HTTP client is benchmarks/sse_client.py's (`--client raw`, the default since session 8), which stamps
+The HTTP client is benchmarks/sse_client.py's (`--client raw`, the default), which stamps
 a chunk when its bytes arrive; `--client httpx` is the first one, which stamped a chunk after parsing it
-in Python and cost its process more CPU than the gateway spent (benchmarks/RESULTS.md, session 8).
+in Python and cost its process more CPU than the gateway spent.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from benchmarks.cpu_split import CpuSplit, pin, run_pinned, split_cpus  # noqa: 
 from benchmarks.kernel_stamps import receive, stamp_arrivals  # noqa: E402
 from benchmarks.proc_counters import cpu_seconds, write_calls  # noqa: E402
 from benchmarks.redis_e2e import make_engine, percentiles, warm_up  # noqa: E402
+from benchmarks.served import add_model_options  # noqa: E402
 from benchmarks.workload import bench_model_dir, make_workload  # noqa: E402
 from worker import local_redis  # noqa: E402
 from worker.cli.logs import configure as configure_logs  # noqa: E402
@@ -389,7 +390,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="bench", help="bench (default), tiny[:arch], or a folder")
+    add_model_options(parser, "bench")  # and "bench", the default: benchmarks/workload.py's 50M Llama
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--max-output", type=int, default=512)

@@ -2,6 +2,7 @@
 
     python benchmarks/lanes_fairness.py                 # tiny model, batch 4, outputs of 8 tokens
     python benchmarks/lanes_fairness.py --flood 400     # a longer flood
+    python benchmarks/lanes_fairness.py --quick --out /tmp/l.json  # a flood of 8, 2 tokens: checks it runs
 
 Two scenarios, each run twice on the same engine settings (a Worker on one stream, then a lanes worker,
 run/layout_worker.py), on a redis-server of its own:
@@ -9,7 +10,8 @@ run/layout_worker.py), on a redis-server of its own:
   to done (total_ms), with `--priority-lanes 0,10` against one stream;
 - tenants: tenant a queues `--flood` jobs, then tenant b 20: b's time to first token (mean, max) and to
   its last done, with `--tenant-weight a=1 --tenant-weight b=1` against one stream.
-Prints one line per figure with the ratio one stream / lanes, and writes JSON to benchmarks/results/.
+Prints one line per figure with the ratio one stream / lanes, and writes JSON (default
+benchmarks/results/lanes_fairness.json).
 """
 
 from __future__ import annotations
@@ -79,12 +81,20 @@ def serve(args, url: str, layout, jobs_first: list[dict], jobs_then: list[dict],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--flood", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--flood", type=int, default=200, help="jobs queued ahead of the measured ones")
+    parser.add_argument("--batch", type=int, default=4, help="the engine's max_num_seqs")
+    parser.add_argument("--tokens", type=int, default=8, help="output tokens per job")
+    parser.add_argument("--quick", action="store_true", help="a flood of 8 jobs of 2 tokens")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "results" / "lanes_fairness.json"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.flood, args.tokens = 8, 2
     args.model = resolve_model(args.model)
     server = local_redis.start()
     results: dict[str, dict] = {}
@@ -120,8 +130,9 @@ def main() -> None:
             [(k, v) for k, v in by.items() if k != "one stream"][0],
         )
         print(f"{figure:34s} {one}: {base:9.1f}   {lanes}: {value:9.1f}   ratio {base / value:6.1f}x")
-    out = Path(__file__).resolve().parent / "results" / "lanes_fairness.json"
-    out.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "results": results}, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"args": vars(args), "results": results}
+    args.out.write_text(json.dumps(report, indent=1, default=str))  # default: the Path in args
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ CPU went (INFO cpu, INFO commandstats, INFO stats, before and after, masters and
     python benchmarks/redis_scale.py                              # 2 workers, 1024 jobs x 64 tokens
     python benchmarks/redis_scale.py --workers 6 --jobs 4096      # more load (needs more cores)
     python benchmarks/redis_scale.py --step-ms 20 --cluster-workers 3 --workers 1   # equal load per master
+    python benchmarks/redis_scale.py --quick --out /tmp/r.json    # 1 worker, 32 short jobs, no replicas
 
 Workers run the stub engine of the tests (tests/helpers/worker_fakes.FakeEngine: a token per job per
 step, with `--step-ms 0` as fast as the worker can publish), `--max-num-seqs` jobs per step each, jobs
@@ -37,34 +38,8 @@ On 2 cores the Python workers, not Redis, are the limit (each Redis server and e
 of its own for a sustained-throughput ratio), so the measured events/s ratio says little; the projection
 and the CPU per event say where Redis's time goes.
 
-Target (issue 13): cluster >= 2x one Redis's events/s with 3 masters. NOT shown: this needs a core per
-Redis server and per worker process. Measured on a 2-core AMD EPYC VM shared with other jobs (load
-average 5-7), defaults (2 workers, 1024 jobs, 6 shards spread 2/2/2), medians of 5 runs
-(their JSONs are in git history; benchmarks/RESULTS.md has the current figures):
-- measured events/s, cluster / single: 0.62x without replicas, 0.75x with one per master (the workers are
-  the limit: they share the 2 cores with 6 or 2 Redis servers);
-- master CPU per event, cluster (summed over the masters) / single: 1.80x without replicas, 1.56x with;
-- PROJECTED with Redis the limit (events / busiest master's CPU s): 1.58x and 1.73x (runs: 1.41-1.89x,
-  1.39-2.02x);
-- with `--masters 1` (cluster mode on one server, the same number of processes as the single Redis):
-  6 shards 1.27x / 1.46x the single's CPU per event, 1 shard (`--shards 1`) 1.0-1.1x / 1.1-1.6x. So
-  cluster mode itself costs little; more script calls per event (6 shards: ~50 per thousand events
-  against ~17) and SPUBLISH with a replica (0.8-1.0 us a call, sent to each replica over the cluster
-  bus, against 0.15 for PUBLISH) cost some; and on 2 cores the 3-master runs pay for 6 servers
-  sharing the cores: per-call times roughly double there (XADD 1.9-2.3 us against 1.0-1.1 on one Redis,
-  the same code), which no per-call saving of ours removes.
-- at equal offered load per master (`--step-ms 20 --workers 1 --cluster-workers 3 --jobs 768`: each
-  paced worker offers ~3.2k events/s, one worker per master; redis_scale-equal-load.json, one run): a
-  master's CPU per event is 1.34x / 1.16x the single's (19.2 vs 14.4 and 22.9 vs 19.8 s per million: at
-  this light load every round trip is a wake-up of its own), projected 1.85x / 2.11x. Its events/s
-  ratio (2.5x) only says the paced workers kept up: Redis was not the limit there.
-Before this version (same session, alternating with main 09d31e7's worker): the shards' reads were shared
-evenly at every refill, so a worker's batch spanned every shard and each step made a script call per
-shard: 85-90 script calls, 29 XREADGROUPs and 83-85 read events per thousand events, against 48-51, 12
-and 56-62 now (reads go to one shard's backlog at a time, read_shares.py); master CPU per event went
-from 11.9-18.3 to 9.6-17.6 s per million over 4 runs each (noise), and from 19.3-21.1 to 16.1-17.7 in 3
-alternating runs each with one replica (`earlier` in that file); the old benchmark put 8 shards 2/2/4 on the masters (the
-busiest master had half the events, projection 0.77x) and gave the single Redis no replica.
+Target: cluster >= 2x one Redis's events/s with 3 masters, which needs a core per Redis server and per
+worker process to show. The current figures are in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -406,7 +381,9 @@ def report(args, cluster, replicas, workers, servers: Servers, delta: dict[int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes on the single Redis")
     parser.add_argument(
         "--cluster-workers", type=int, default=None, help="on the cluster (default: --workers)"
@@ -426,7 +403,12 @@ def main() -> None:
     )
     parser.add_argument("--label", default="", help="writes benchmarks/results/redis_scale-<label>.json")
     parser.add_argument("--out", type=Path, default=None, help="the JSON file (default: see --label)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 worker a side, 32 jobs of 8 tokens, 3 shards, no replicas"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.workers, args.jobs, args.max_tokens, args.shards, args.replicas = 1, 32, 8, 3, [0]
     args.cluster_workers = args.cluster_workers or args.workers
     pairings = []
     for replicas in args.replicas:
@@ -459,6 +441,7 @@ def main() -> None:
         "a projection of the rate at which it would fill one core, not a measurement",
         "pairings": pairings,
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -6,8 +6,7 @@ as it came, in a process on the same two cores as the gateway and the engine, an
 after that work: the client's CPU slowed the engine and its queue showed as the gateway's added latency.
 Here the bytes are cut into events by httptools (C) as they arrive and stamped then; the events are parsed
 as JSON, and so checked, only after the last request ends. Each event also carries the kernel's receive
-time of its bytes (benchmarks/kernel_stamps.py, since session 11), which this process's own queue does not
-delay.
+time of its bytes (benchmarks/kernel_stamps.py), which this process's own queue does not delay.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     python benchmarks/structured_outputs.py          # both parts (minutes on 2 busy CPU cores)
     python benchmarks/structured_outputs.py 2        # one part; the other's last figures are kept
+    python benchmarks/structured_outputs.py --quick --out /tmp/s.json   # tiny tokenizer and model: checks it runs
 
 Part 1 (grammar engines, side by side, per tokenizer: the tiny model's 512-token BPE and a 32000-token
 byte-level BPE trained here on the Python standard library):
@@ -11,11 +12,13 @@ byte-level BPE trained here on the Python standard library):
 Part 2 (the chosen engine, xgrammar, in LLMEngine on benchmarks/workload.py's 50M model, vocab 32000):
   - decode steps at batch 64 with every row constrained: the mask fill + apply time over the step time;
   - a typical schema through the compile service (child process + serialization), cold and cached.
-Writes benchmarks/results/structured_outputs.json.
+A grammar engine that is not installed is left out of part 1 (the JSON says so). Writes --out (default
+benchmarks/results/structured_outputs.json).
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -165,10 +168,10 @@ class LLGuidance:
         self.llt.apply_token_bitmask_inplace(logits, bitmask)
 
 
-def measure_engine(cls, tokenizer, vocab: int, tokens: list[int]) -> dict:
+def measure_engine(cls, tokenizer, vocab: int, tokens: list[int], repeats: int) -> dict:
     eng = cls(tokenizer, vocab)
     compile_s = []
-    for i in range(5):
+    for i in range(repeats):
         t = time.perf_counter()
         compiled = eng.compile(schema_variant(i))
         compile_s.append(time.perf_counter() - t)
@@ -190,7 +193,7 @@ def measure_engine(cls, tokenizer, vocab: int, tokens: list[int]) -> dict:
         matchers.append(mm)
     logits = torch.randn(64, vocab)
     steps, applies = [], []
-    for _ in range(20):
+    for _ in range(4 * repeats):
         bm = eng.bitmask(64)
         t = time.perf_counter()
         for row, mm in enumerate(matchers):
@@ -210,26 +213,43 @@ def measure_engine(cls, tokenizer, vocab: int, tokens: list[int]) -> dict:
     }
 
 
-def part1() -> dict:
-    out = {}
-    for label, tokenizer in (("tiny-512", tiny_tokenizer()), ("bpe-32000", bpe_32k())):
+def installed(cls) -> bool:
+    try:
+        __import__(cls.name)
+    except ImportError:
+        print(f"{cls.name} is not installed: left out")
+        return False
+    return True
+
+
+def part1(quick: bool) -> dict:
+    out: dict = {}
+    engines = [cls for cls in (XGrammar, LLGuidance) if installed(cls)]
+    tokenizers = [("tiny-512", tiny_tokenizer)] + ([] if quick else [("bpe-32000", bpe_32k)])
+    for label, make in tokenizers:
+        tokenizer = make()
         vocab = len(tokenizer)
         tokens = tokenizer.encode(json.dumps(INSTANCE), add_special_tokens=False)
         out[label] = {
-            cls.name: measure_engine(cls, tokenizer, vocab, tokens) for cls in (XGrammar, LLGuidance)
+            cls.name: measure_engine(cls, tokenizer, vocab, tokens, 1 if quick else 5) for cls in engines
         }
+        out[label].update({cls.name: "not installed" for cls in (XGrammar, LLGuidance) if cls not in engines})
         print(label, json.dumps(out[label], indent=1))
     return out
 
 
-def part2() -> dict:
-    """xgrammar inside LLMEngine on the 50M benchmark model: mask cost over the decode step at batch 64."""
+def part2(quick: bool) -> dict:
+    """xgrammar inside LLMEngine on the 50M benchmark model: mask cost over the decode step at batch 64
+    (quick: the tiny model at batch 4)."""
     from engine import LLMEngine, SamplingParams
     from engine.structured import batch_mask
     from engine.structured.spec import GrammarSpec
 
-    model = bench_model_dir(CACHE)
-    engine = LLMEngine(str(model), max_num_seqs=64, num_kv_blocks=1024, block_size=16, device="cpu")
+    model = CACHE / "tiny-llama" if quick else bench_model_dir(CACHE)
+    if quick and not (model / "config.json").exists():
+        tiny_tokenizer()  # makes the tiny model
+    batch = 4 if quick else 64
+    engine = LLMEngine(str(model), max_num_seqs=batch, num_kv_blocks=1024, block_size=16, device="cpu")
     mask_seconds: list[float] = []
     original = batch_mask.apply_grammar_masks
 
@@ -248,7 +268,7 @@ def part2() -> dict:
         "minItems": 16,
         "maxItems": 16,
     }
-    prompts = [[5 + i, 100 + i, 200 + i, 300 + i] for i in range(64)]
+    prompts = [[5 + i, 100 + i, 200 + i, 300 + i] for i in range(batch)]
 
     def run(params: SamplingParams) -> list[float]:
         for i, p in enumerate(prompts):
@@ -256,7 +276,7 @@ def part2() -> dict:
         steps = []
         while engine.has_unfinished_requests():
             engine.step()
-            if engine.scheduler.stats().num_running == 64 and len(engine.scheduler.running) == 64:
+            if engine.scheduler.stats().num_running == batch and len(engine.scheduler.running) == batch:
                 steps.append(engine.runner.last_step_seconds)
         return steps[2:]  # past the prefill
 
@@ -268,7 +288,7 @@ def part2() -> dict:
     constrained_steps = run(constrained)
     service = engine.structured.service
     cold = []
-    for i in range(5):
+    for i in range(2 if quick else 5):
         t = time.perf_counter()
         service.compile(GrammarSpec("json", schema_variant(100 + i))).result()
         cold.append(time.perf_counter() - t)
@@ -280,7 +300,10 @@ def part2() -> dict:
     step = statistics.median(free_steps)
     mask = statistics.median(mask_seconds)
     return {
-        "model": "benchmarks/workload.py BENCH_MODEL (50M, vocab 32000, random tokenizer)",
+        "model": "the tiny model (vocab 512)"
+        if quick
+        else "benchmarks/workload.py BENCH_MODEL (50M, vocab 32000, random tokenizer)",
+        "batch": batch,
         "decode_step_ms_median_unconstrained": _ms(step),
         "decode_step_ms_median_all_constrained": _ms(statistics.median(constrained_steps)),
         "mask_fill_and_apply_ms_median": _ms(mask),
@@ -292,17 +315,24 @@ def part2() -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("parts", nargs="*", help="1, 2 or both (the default)")
+    ap.add_argument("--quick", action="store_true", help="the tiny tokenizer only, the tiny model at batch 4")
+    ap.add_argument("--out", type=Path, default=RESULTS / "structured_outputs.json")
+    args = ap.parse_args()
+    parts = args.parts or ["1", "2"]
+    if set(parts) - {"1", "2"}:
+        ap.error(f"parts are 1 and 2, not {' '.join(parts)}")
     torch.manual_seed(0)
-    parts = sys.argv[1:] or ["1", "2"]
-    result = {"cpu": _cpu(), "torch_threads": torch.get_num_threads()}
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "structured_outputs.json"
+    result = {"cpu": _cpu(), "torch_threads": torch.get_num_threads(), "quick": args.quick}
+    path = args.out
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():  # running one part keeps the other's last figures
         result = {**json.loads(path.read_text()), **result}
     if "1" in parts:
-        result["part1_grammar_engines"] = part1()
+        result["part1_grammar_engines"] = part1(args.quick)
     if "2" in parts:
-        result["part2_engine_xgrammar"] = part2()
+        result["part2_engine_xgrammar"] = part2(args.quick)
         print(json.dumps(result["part2_engine_xgrammar"], indent=1))
     try:
         import llguidance

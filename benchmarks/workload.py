@@ -68,7 +68,7 @@ class Workload:
 WORKLOADS = {
     # The README's workload: prefill-heavy (65,887 prompt vs 16,401 output tokens).
     "chat": Workload(num_requests=256, max_prompt=512, max_output=512, max_batch=64),
-    # Issue 10's decode-heavier one: short prompts, outputs log-normal around 70 up to 256, batch 32.
+    # A decode-heavier one: short prompts, outputs log-normal around 70 up to 256, batch 32.
     "decode": Workload(num_requests=64, max_prompt=256, max_output=256, max_batch=32, output_median=70),
 }
 

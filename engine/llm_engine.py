@@ -12,7 +12,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import structlog
@@ -484,15 +484,6 @@ class LLMEngine:
                 written[block_id] = max(written.get(block_id, 0), filled)
         allocated = len(written) * block_size
         return allocated - sum(written.values()), allocated
-
-    def describe(self) -> dict[str, object]:
-        return {
-            **asdict(self.config),
-            "num_kv_blocks": self.num_kv_blocks,
-            "max_model_len": self.max_model_len,
-            "device": str(self.device),
-            "eos_token_ids": sorted(self.eos_token_ids),
-        }
 
     def _sampler(self, spec: ModelSpec) -> TokenSampler:
         """Rank 0's text side and sampler, made once the model is loaded (build_rank_runner calls it):

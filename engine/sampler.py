@@ -208,8 +208,8 @@ class Sampler:
 class _SparseEdits:
     """Writes into a [B, V] tensor at (row, col) pairs, remembering the old values to put them back.
 
-    On a contiguous tensor through a flat view (index_select / index_copy_: ~1 ms for 256k entries where
-    2-D advanced indexing took ~15 ms on the CPU); otherwise by 2-D indexing."""
+    On a contiguous tensor through a flat view (index_select / index_copy_, an order of magnitude cheaper
+    than 2-D advanced indexing on the CPU); otherwise by 2-D indexing."""
 
     def __init__(self, x: torch.Tensor) -> None:
         self.x = x

@@ -123,7 +123,7 @@ SWEEP_BASE = Shape("bf16", 128, 16, 4)
 
 def axis_sweep(base: Shape = SWEEP_BASE) -> list[Shape]:
     """Every value of every axis at least once: the base shape, then one axis changed at a time
-    (the full product is hours of compiling on two cores)."""
+    (the full product takes hours to compile)."""
     shapes = [base]
     for axis, values in (
         ("dtype", DTYPES),

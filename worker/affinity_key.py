@@ -58,12 +58,6 @@ def default_affinity(job: Mapping[str, Any]) -> str | None:
     return hashlib.sha256(text[:PREFIX_CHARS].encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def affinity_of(job: Mapping[str, Any]) -> str | None:
-    """The job's own `affinity` when it has one, else the default key."""
-    given = job.get("affinity")
-    return given if isinstance(given, str) and given else default_affinity(job)
-
-
 def with_affinity(job: dict) -> dict:
     """`job` with its key set (a copy when one is added; the job itself when it has one or none applies)."""
     if job.get("affinity") is not None:

@@ -27,10 +27,6 @@ class TPGroup:
     def single() -> TPGroup:
         return TPGroup(0, 1)
 
-    @property
-    def is_first(self) -> bool:
-        return self.rank == 0
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place; returns x. x: any shape, identical on every rank."""
         if self.size > 1:

@@ -1,4 +1,5 @@
-"""A small byte-level BPE tokenizer trained in memory (no hub), and request helpers."""
+"""A small byte-level BPE tokenizer trained in memory (no hub, tests/helpers/bpe_tokenizer.py), and request
+helpers."""
 
 from __future__ import annotations
 
@@ -9,23 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.core.request import Request
 from engine.sampling_params import SamplingParams
-from engine.tiny_model import train_byte_level_bpe
-
-_TEXT = [
-    "Hello world, the quick brown fox jumps over the lazy dog.",
-    "Café crème brûlée, déjà vu, naïve résumé, élève.",
-    "中文分词测试，你好世界。我们喜欢中文和日本語のテキスト。",
-    "Emoji time 😀🎉🚀👍🏽 and flags 🇫🇷 with text 🙂.",
-    "Mixed: naïve 中文 😀 tokens; stop STOP stop### end.",
-    "Ελληνικά και русский текст тоже есть.",
-]
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    tok = train_byte_level_bpe(600, ["<eos>", "<pad>"], texts=_TEXT * 20)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", clean_up_tokenization_spaces=False
-    )
+from tests.helpers.bpe_tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="session")

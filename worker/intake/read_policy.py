@@ -130,9 +130,9 @@ class ReadPolicy(ABC):
     def idle_read(self, lane: int, got: int) -> None:
         """An idle worker's blocking read of `lane` (outside the shares) took `got` entries. A wait returns
         as soon as entries arrive, so a lane it found any on probably has more: it counts as a full read
-        of `got`, and the rounds that follow read the lane without blocking. Before, the idle read left
-        the lane as its last round had (short), so with 8 shards a backlog on one was read by another
-        idle wait each time the engine emptied, behind the other shards' waits (~100 ms each)."""
+        of `got`, and the rounds that follow read the lane without blocking. Left as its last round had
+        (short), a backlog on one of 8 shards would be read by another idle wait each time the engine
+        emptied, behind the other shards' waits."""
         if got:
             self.read_back(lane, asked=got, got=got)
 

@@ -11,8 +11,8 @@ jobs (the most room seen: about one engine-full) or comes back short; then the n
 order takes over. So a worker's batch is made of few shards, and each step writes a few script calls
 carrying many events each rather than one per shard carrying a few: Redis's cost per call (a MULTI/EXEC
 round, an EVALSHA, a read and a reply) is paid per shard in a step. Shared evenly at every refill, a
-batch soon spanned every shard (6 shards on 3 masters: 85-90 script calls per thousand events, 48-51
-this way; benchmarks/redis_scale.py). Every hungry shard gets its turn in order, so none starves.
+batch would soon span every shard, close to doubling the script calls per event (benchmarks/redis_scale.py
+counts them). Every hungry shard gets its turn in order, so none starves.
 
 The shards that are not hungry are probed with one job of the room, one a cycle, the longest waiting
 first, but not in a cycle after a probe that found nothing (ReadPolicy.may_probe): each notices new

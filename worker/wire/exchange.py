@@ -9,8 +9,8 @@ node in one write, each round framed as its own MULTI ... EXEC, and reads every 
 Command names go out as bytes, and redis-py's reply callbacks (looked up by the name as a string) are
 applied here, once, to the replies inside EXEC's array, never to a +QUEUED. Per-command errors stay
 values. `exchange` is the fast path, below redis-py's public API (a pooled connection's
-`send_packed_command` / `read_response`, packed by hiredis); `exchange_public` does the same over
-redis-py's public pipeline, which packs in Python and measured slower per round. `cut_off` (the drain
+`send_packed_command` / `read_response`, packed by hiredis), where redis-py's public pipeline would
+pack every command in Python. `cut_off` (the drain
 bound on a frozen network) reaches below it too: redis-py lists no pool's connections.
 
 A worker's client must not re-send a round on its own: a round whose reply was lost may have been
@@ -92,25 +92,6 @@ def exchange(client: redis.Redis, rounds: Sequence[Round]) -> list[list[Any] | B
         pool.release(connection)
         return _failed(rounds, sent, exc)
     pool.release(connection)
-    return _outcomes(client, rounds, sent, replies)
-
-
-def exchange_public(client: redis.Redis, rounds: Sequence[Round]) -> list[list[Any] | BaseException]:
-    """`exchange` over redis-py's public pipeline API only (kept to compare; tests/worker/wire/test_exchange.py
-    checks both give the same replies)."""
-    sent = [rnd for rnd in rounds if len(rnd)]
-    if not sent:
-        return [[] for _ in rounds]
-    pipe = client.pipeline(transaction=False)
-    for rnd in sent:
-        pipe.execute_command(*_MULTI)
-        for args, _ in rnd.stack:
-            pipe.execute_command(*wire_command(args))
-        pipe.execute_command(*_EXEC)
-    try:
-        replies = pipe.execute(raise_on_error=False)
-    except BaseException as exc:
-        return _failed(rounds, sent, exc)
     return _outcomes(client, rounds, sent, replies)
 
 

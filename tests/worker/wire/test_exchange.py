@@ -139,20 +139,13 @@ def test_a_round_whose_reply_is_late_is_not_sent_again_behind_the_workers_back(r
         client.close()
 
 
-def test_the_public_pipeline_path_gives_the_same_replies(c):
-    from worker.wire.exchange import exchange_public
-
-    def rounds() -> list[Round]:
-        good, bad = Round(), Round()
-        good.add(lambda p: p.hset("h", mapping={"f": "v"}))
-        good.add(lambda p: p.hgetall("h"))
-        good.add(lambda p: p.xadd("s", {"a": "b"}, id="0-1"))
-        good.add(lambda p: p.xrange("s"))
-        bad.raw(("GET",))
-        return [good, Round(), bad]
-
-    fast = exchange(c, rounds())
-    c.flushall()
-    public = exchange_public(c, rounds())
-    assert fast[:2] == public[:2] == [[1, {b"f": b"v"}, b"0-1", [(b"0-1", {b"a": b"b"})]], []]
-    assert type(fast[2]) is type(public[2]) and str(fast[2]) == str(public[2])
+def test_replies_are_parsed_per_command_and_a_refused_round_is_its_error(c):
+    good, bad = Round(), Round()
+    good.add(lambda p: p.hset("h", mapping={"f": "v"}))
+    good.add(lambda p: p.hgetall("h"))
+    good.add(lambda p: p.xadd("s", {"a": "b"}, id="0-1"))
+    good.add(lambda p: p.xrange("s"))
+    bad.raw(("GET",))
+    replies = exchange(c, [good, Round(), bad])
+    assert replies[:2] == [[1, {b"f": b"v"}, b"0-1", [(b"0-1", {b"a": b"b"})]], []]
+    assert isinstance(replies[2], redis.ResponseError) and "wrong number of arguments" in str(replies[2])

@@ -60,10 +60,3 @@ def dashboard_app(client, prefix: str = "conveyor", streams: tuple[str, ...] = (
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
     )
-
-
-def dashboard_app_from_url(url: str, prefix: str = "conveyor", streams: tuple[str, ...] = ()) -> Starlette:
-    """For a gateway that holds only an async client: the dashboard with a synchronous client of its own."""
-    from worker.connection import connect
-
-    return dashboard_app(connect(url), prefix, streams)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.detokenizer import IncrementalDetokenizer
+from tests.helpers.bpe_tokenizer import build_tokenizer
 
-# Ids of the conftest tokenizer: 0-1 special, 2-257 single bytes, the rest merges.
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+# Ids of the test tokenizer (tests/helpers/bpe_tokenizer.py): 0-1 special, 2-257 single bytes, the rest merges.
 token_id = st.one_of(st.integers(2, 257), st.integers(258, 509), st.integers(0, 1))
 token_lists = st.lists(token_id, max_size=40)
 chunk_sizes = st.lists(st.integers(0, 4), min_size=1, max_size=60)

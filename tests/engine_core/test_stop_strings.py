@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.stop_strings import StopStrings
 from engine.detokenizer import TextStream
+from tests.helpers.bpe_tokenizer import build_tokenizer
 from tests.helpers.text_streams import append_one_by_one
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
 
 
 def _feed_all(stop: list[str], deltas: list[str]) -> tuple[list[str], bool]:
