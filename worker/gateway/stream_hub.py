@@ -228,10 +228,11 @@ def _after(entries: list, last: bytes) -> list:
 
 
 def _raise_if_cancel_lost() -> None:
-    """A cancel that lands inside redis-py's blocking XREAD is sometimes swallowed there (redis-py 8.1: the
-    read returns its empty reply; about 1 in 100 cancels here), and the reader would block again. Python
-    3.11 counts the cancel (Task.cancelling) though it was not delivered; 3.10 cannot tell, and there the
-    reader stops when closed."""
+    """A cancel that lands while redis-py writes the XREAD is swallowed there: the write runs under
+    asyncio.wait_for (a socket timeout is set), and Python 3.10 and 3.11's wait_for returns a finished
+    write's result instead of the cancel, so the read blocks and returns its reply as if nothing had been
+    cancelled. Python 3.11 counts the cancel all the same (Task.cancelling); 3.10 cannot tell, and there
+    the reader stops when closed."""
     cancelling = getattr(asyncio.current_task(), "cancelling", None)
     if cancelling is not None and cancelling() > 0:
         raise asyncio.CancelledError
