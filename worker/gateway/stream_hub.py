@@ -48,7 +48,7 @@ HUB_STOPPED = ErrorEvent(
 
 @dataclass(eq=False)
 class _Listener:
-    sink: Callable[[list[Event] | None], None]  # its request's queue.put_nowait
+    put: Callable[[list[Event] | None], None]  # its request's queue.put_nowait
     last: bytes = b"0"  # the last entry id handed to it
 
 
@@ -133,7 +133,7 @@ class StreamHub:
             streams, self._streams = self._streams, {}
             for listeners in streams.values():
                 for listener in listeners:
-                    listener.sink([HUB_STOPPED])
+                    listener.put([HUB_STOPPED])
             raise
 
     async def _read(self) -> None:
@@ -165,7 +165,7 @@ class StreamHub:
                 await asyncio.sleep(0)
 
     def _hand_out(self, reply: list) -> bool:
-        """Each stream's events to its requests' sinks; whether any request got some."""
+        """Each stream's events to its requests' queues; whether any request got some."""
         handed = False
         for key, entries in reply:
             key = key if isinstance(key, bytes) else key.encode()
@@ -185,7 +185,7 @@ class StreamHub:
                 listener.last = new[-1][0]
                 handed = True
                 batch = until_terminal(new)
-                listener.sink(batch)
+                listener.put(batch)
                 if batch[-1].type in TERMINAL:
                     listeners.remove(listener)
             if not listeners and self._streams.get(key) is listeners:
