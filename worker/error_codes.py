@@ -20,7 +20,7 @@ class ErrorCode(str, enum.Enum):
 
 
 # Each code as an HTTP status and OpenAI error type: the gateway's answers (worker/gateway/errors.py) and the
-# Batch API's output lines (worker/batch/openai_output.py) both read this one table.
+# Batch API's output lines (worker/batch/output_line.py) both read this one table.
 HTTP_STATUS: dict[ErrorCode, tuple[int, str]] = {
     ErrorCode.INVALID_JSON: (400, "invalid_request_error"),
     ErrorCode.INVALID_JOB: (400, "invalid_request_error"),

@@ -2,14 +2,16 @@
 
 The worker builds event payloads with plain `json.dumps` on the hot path (see
 publish/event_payloads.py); these models are the contract those payloads are tested against, and what
-clients may use to parse them.
+the gateway and the batch runner parse them with (`parse_event`, `read_event`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from worker.error_codes import ErrorCode
 
 PROTOCOL_VERSION = 1
 JOB_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -97,6 +99,10 @@ class Job(BaseModel):
             )
         return self
 
+    def wire(self) -> dict:
+        """The job as a client writes it to a stream: the fields given, an explicit null kept."""
+        return self.model_dump(exclude_unset=True)
+
     def sampling_kwargs(self) -> dict:
         kwargs = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         if self.max_tokens is None and "max_tokens" in self.model_fields_set:
@@ -153,15 +159,23 @@ class ErrorEvent(BaseModel):
     message: str
 
 
-Event = Annotated[TokenEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
+Event = TokenEvent | DoneEvent | ErrorEvent
+_EVENT: TypeAdapter[Event] = TypeAdapter(Annotated[Event, Field(discriminator="type")])
+TERMINAL = ("done", "error")  # the event types that end an output stream
+# What stands for an entry that is not an event (no worker writes one): a 500 internal_error.
+NOT_AN_EVENT = ErrorEvent(type="error", code=ErrorCode.INTERNAL.value, message="an entry is not an event")
 
 
-class EventEnvelope(BaseModel):
-    event: Event
+def parse_event(raw: bytes | str) -> Event:
+    """Parse one event payload (the `event` field of an output stream entry or a pub/sub message);
+    pydantic.ValidationError for one that is not an event of this schema (not JSON, no known type...)."""
+    return _EVENT.validate_json(raw)
 
 
-def parse_event(raw: bytes | str) -> TokenEvent | DoneEvent | ErrorEvent:
-    """Parse one event payload (the `event` field of an output stream entry or a pub/sub message)."""
-    return EventEnvelope.model_validate_json(
-        b'{"event":' + (raw if isinstance(raw, bytes) else raw.encode()) + b"}"
-    ).event
+def read_event(raw: object) -> Event:
+    """An output stream entry's event, or NOT_AN_EVENT for whatever is not one: an entry is data, and
+    nothing in it may stop a reader that serves other jobs too."""
+    try:
+        return parse_event(raw)  # type: ignore[arg-type]  # not bytes: refused as not an event
+    except Exception:  # noqa: BLE001
+        return NOT_AN_EVENT

@@ -15,10 +15,11 @@ from click.testing import CliRunner
 
 from tests.helpers.worker_fakes import running_worker
 from tests.structured.schemas import SCHEMAS
-from worker.batch.openai_input import LineError, parse_line
+from worker.batch.input_line import parse_line
 from worker.batch.resume import read_answered
 from worker.cli.main import main
 from worker.intake.limits import Limits
+from worker.openai.request import RequestError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -72,26 +73,31 @@ def _read(path) -> list[dict]:
 
 
 def test_line_mapping_and_refusals():
-    job = parse_line(json.dumps(DOC_CHAT)).job
+    job = parse_line(json.dumps(DOC_CHAT)).job.wire()
     assert job["messages"][1] == {"role": "user", "content": "Hello world!"} and job["max_tokens"] == 12
-    job = parse_line(json.dumps(DOC_COMPLETION)).job
+    job = parse_line(json.dumps(DOC_COMPLETION)).job.wire()
     assert (job["prompt"], job["temperature"]) == ("Once upon a time", 0)
     parts = _chat("p", max_completion_tokens=5)
     parts["body"]["messages"][0]["content"] = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    job = parse_line(json.dumps(parts)).job
+    job = parse_line(json.dumps(parts)).job.wire()
     assert job["messages"][0]["content"] == "ab" and job["max_tokens"] == 5
-    assert parse_line(json.dumps(_chat("lp", logprobs=True, top_logprobs=3))).job["logprobs"] == 3
-    assert parse_line(json.dumps(_chat("lp", logprobs=True))).job["logprobs"] == 0
-    assert "logprobs" not in parse_line(json.dumps(_chat("lp", logprobs=False))).job
+    assert parse_line(json.dumps(_chat("lp", logprobs=True, top_logprobs=3))).job.wire()["logprobs"] == 3
+    assert parse_line(json.dumps(_chat("lp", logprobs=True))).job.wire()["logprobs"] == 0
+    assert "logprobs" not in parse_line(json.dumps(_chat("lp", logprobs=False))).job.wire()
     assert (
-        parse_line(json.dumps({**DOC_COMPLETION, "body": {"prompt": "a", "logprobs": 2}})).job["logprobs"]
+        parse_line(json.dumps({**DOC_COMPLETION, "body": {"prompt": "a", "logprobs": 2}})).job.wire()[
+            "logprobs"
+        ]
         == 2
     )
     # No max_tokens: OpenAI's "up to the model's context", an explicit null in the job (not the engine's 16).
     unbounded = dict(DOC_CHAT, body={k: v for k, v in DOC_CHAT["body"].items() if k != "max_tokens"})
-    job = parse_line(json.dumps(unbounded)).job
+    job = parse_line(json.dumps(unbounded)).job.wire()
     assert "max_tokens" in job and job["max_tokens"] is None
-    assert parse_line(json.dumps(_chat("x"))).job["id"] == parse_line(json.dumps(_chat("x"))).job["id"]
+    assert (
+        parse_line(json.dumps(_chat("x"))).job.wire()["id"]
+        == parse_line(json.dumps(_chat("x"))).job.wire()["id"]
+    )
     for bad, code in [
         (_chat("t", tools=[{"type": "function"}]), "unsupported_field"),
         (_chat("s", stream=True), "unsupported_field"),
@@ -101,7 +107,7 @@ def test_line_mapping_and_refusals():
         ({**_chat("u"), "url": "/v1/embeddings"}, "invalid_url"),
         ({**DOC_COMPLETION, "body": {"prompt": ["a", "b"]}}, "invalid_request"),
     ]:
-        with pytest.raises(LineError) as info:
+        with pytest.raises(RequestError) as info:
             parse_line(json.dumps(bad))
         assert info.value.code == code
 

@@ -27,7 +27,7 @@ from worker.batch.batch_lease import BatchLease
 from worker.batch.batch_store import BatchStore
 from worker.batch.file_store import FileStore
 from worker.batch.input_checks import check_input, input_lines
-from worker.batch.openai_input import BatchRequest
+from worker.batch.input_line import BatchRequest
 from worker.batch.redis_sink import CANCELLED, EXPIRED, RedisSink
 from worker.batch.runner import BatchRunner, JobTemplate
 from worker.batch.sink import Stop

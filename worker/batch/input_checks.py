@@ -2,7 +2,7 @@
 
 Each line must be a JSON object with a non-empty string custom_id unique in the file, method POST and the
 batch's endpoint as url. A line that passes these but asks for something the workers cannot honour (a
-tool, a stream...) is not a file error: it runs as a line and gets its own error line (openai_input.py).
+tool, a stream...) is not a file error: it runs as a line and gets its own error line (input_line.py).
 """
 
 from __future__ import annotations

@@ -17,24 +17,23 @@ with the stop's code.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from worker.batch.file_sink import FileSink
-from worker.batch.openai_echo import PromptScores
-from worker.batch.openai_input import BatchRequest, LineError, job_id_for, parse_custom_id, parse_line
-from worker.batch.openai_logprobs import SampleLogprobs
-from worker.batch.openai_output import from_event, line_error
+from worker.batch.input_line import BatchRequest, job_id_for, parse_custom_id, parse_line
+from worker.batch.output_line import from_event, line_error
 from worker.batch.resume import DUPLICATE
 from worker.batch.sink import Sink, Stop
 from worker.client import NoAnswer
-from worker.error_codes import ErrorCode
 from worker.job_queue import Cursor, JobQueue, read_outputs
 from worker.keys import EVENT_FIELD
-from worker.strict_json import too_deep
+from worker.openai.echo import PromptScores
+from worker.openai.logprobs import SampleLogprobs
+from worker.openai.request import RequestError
+from worker.protocol import TokenEvent, read_event
 
 CANCEL_KEY_TTL_S = 600  # as docs/protocol.md's example: long enough for any worker to see it
 
@@ -65,7 +64,7 @@ class JobTemplate:
     # (custom_id, line) -> job id; the default names a job by its line (`conveyor batch`).
     job_id: Callable[[str, str], str] = lambda custom_id, line: job_id_for(line)
     fields: dict = field(default_factory=dict)  # e.g. tenant, deadline_ms
-    # How a line's job is queued: the shard whose output stream will hold its events; may raise LineError
+    # How a line's job is queued: the shard whose output stream will hold its events; may raise RequestError
     # (the line is answered with it). None: `queue.submit(job)`, the queue's own stream.
     submit: Callable[[JobQueue, BatchRequest], int] | None = None
 
@@ -145,11 +144,10 @@ class BatchRunner:
                 if custom_id in answered.custom_ids:
                     continue
             try:
-                request = parse_line(line, template.job_id(custom_id or "", line))
-            except LineError as exc:
+                request = parse_line(line, template.job_id(custom_id or "", line), template.fields)
+            except RequestError as exc:
                 self._write(custom_id or "", line_error(custom_id or "", exc.code, exc.message), False)
                 continue
-            request.job.update(template.fields)
             while len(inflight) >= self.max_in_flight and stop is None:
                 self._collect(inflight)
                 stop = sink.stop()
@@ -159,13 +157,13 @@ class BatchRunner:
                 shard = (
                     template.submit(self.queue, request)
                     if template.submit
-                    else self.queue.submit(request.job)
+                    else self.queue.submit(request.job.wire())
                 )
-            except LineError as exc:
+            except RequestError as exc:
                 self._write(request.custom_id, line_error(request.custom_id, exc.code, exc.message), False)
                 continue
-            wants = request.job.get("logprobs") is not None
-            inflight[self.queue.keys(shard).out(request.job["id"])] = _InFlight(
+            wants = request.job.logprobs is not None
+            inflight[self.queue.keys(shard).out(request.job.id)] = _InFlight(
                 request, Cursor(shard), logprobs={} if wants else None
             )
         while inflight and stop is None:
@@ -186,7 +184,7 @@ class BatchRunner:
         """Cancel the jobs in flight, collect what they end with for up to drain_s, then answer every line
         still unanswered with the stop's error."""
         for pending in inflight.values():
-            job_id, node = pending.request.job["id"], self.queue.node(pending.cursor.shard)
+            job_id, node = pending.request.job.id, self.queue.node(pending.cursor.shard)
             keys = self.queue.keys(pending.cursor.shard)
             node.set(keys.cancel(job_id), 1, ex=CANCEL_KEY_TTL_S)
             node.publish(keys.cancel_channel, job_id)
@@ -216,18 +214,21 @@ class BatchRunner:
                 continue
             for entry_id, fields in entries:
                 pending.cursor.last_id = entry_id
-                event = _event(fields[EVENT_FIELD])
-                if event.get("type") == "token" and pending.logprobs is not None:
-                    pending.logprobs.setdefault(event.get("sample", 0), SampleLogprobs()).add(event)
-                if event.get("type") == "token" and "prompt_logprobs" in event:
-                    pending.prompt = PromptScores.of(event)
-                if event.get("type") in ("done", "error"):
+                # An entry no worker writes (not an event) ends its line as internal_error, as the
+                # gateway answers it: nothing in one stream may stop the run.
+                event = read_event(fields.get(EVENT_FIELD))
+                if isinstance(event, TokenEvent):
+                    if pending.logprobs is not None:
+                        pending.logprobs.setdefault(event.sample or 0, SampleLogprobs()).add(event)
+                    if event.prompt_logprobs is not None:
+                        pending.prompt = PromptScores.of(event)
+                else:
                     r = pending.request
                     line, ok, tokens = from_event(
                         r.custom_id,
                         r.url,
                         r.model,
-                        r.job["id"],
+                        r.job.id,
                         event,
                         pending.logprobs,
                         r.echo,
@@ -245,18 +246,6 @@ class BatchRunner:
         else:
             self._tally.failed += 1
         self._tally.tokens += tokens
-
-
-def _event(raw: bytes) -> dict:
-    """An output stream's event. An entry no worker writes (not JSON, nested too deep, no type) ends its
-    line as internal_error, as the gateway answers it: nothing in one stream may stop the run."""
-    try:
-        event = None if too_deep(raw) else json.loads(raw)
-    except (ValueError, RecursionError):
-        event = None
-    if isinstance(event, dict) and isinstance(event.get("type"), str):
-        return event
-    return {"type": "error", "code": ErrorCode.INTERNAL.value, "message": "an entry is not an event"}
 
 
 def _lines(path: str) -> Iterator[str]:

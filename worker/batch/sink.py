@@ -20,7 +20,7 @@ class Stop:
     message: str
 
 
-# Also the line of a job the workers stopped at the window's end (worker/batch/openai_output.py).
+# Also the line of a job the workers stopped at the window's end (worker/batch/output_line.py).
 EXPIRED = Stop("batch_expired", "this request could not be run before the batch's completion window ended")
 
 

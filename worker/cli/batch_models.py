@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 
 from worker.affinity_key import with_affinity
-from worker.batch.openai_input import BatchRequest
+from worker.batch.input_line import BatchRequest
 from worker.cli.model_route import ModelRouter
 from worker.job_queue import JobQueue
 
@@ -24,7 +24,7 @@ def line_router(path: str) -> tuple[set[str | None], Callable[[ModelRouter], Sub
         def submit(queue: JobQueue, request: BatchRequest) -> int:
             # parse_line names a line without a model "conveyor" (its answers echo it): that is None here.
             model = request.model if request.model in named else None
-            router.add(with_affinity(request.job), model)
+            router.add(with_affinity(request.job.wire()), model)
             return 0  # one Redis: the output streams are the queue's
 
         return submit

@@ -35,21 +35,20 @@ def create_app(settings: GatewaySettings, client=None) -> FastAPI:
         app.state.redis = client if client is not None else connect_async(settings)
         app.state.fleet = FleetView(app.state.redis, app.state.keys)
         app.state.xadds = XaddBatch(app.state.redis)  # the jobs of one turn of the loop: one round trip
-        # One reader for every output stream (a multi-key XREAD stays in one slot: not in a cluster).
-        hub = app.state.hub = (
-            OwnReads(app.state.redis, settings.block_ms)
-            if settings.cluster
-            else StreamHub(app.state.redis, app.state.keys, settings.block_ms)
-        )
         tasks = [asyncio.create_task(start(app)) for start in app.state.starters]
         app.state.hub_task = None  # /health fails once it has ended (worker/gateway/health.py)
-        if isinstance(hub, StreamHub):
+        hub = None
+        if settings.cluster:  # a multi-key XREAD stays in one slot: each request reads its own stream
+            app.state.hub = OwnReads(app.state.redis, settings.block_ms)
+        else:  # one reader for every output stream
+            hub = app.state.hub = StreamHub(app.state.redis, app.state.keys, settings.block_ms)
             app.state.hub_task = asyncio.create_task(hub.run())
             tasks.append(app.state.hub_task)
         try:
             yield
         finally:
-            hub.close()  # StreamHub: in case the cancel below is lost; OwnReads: its readers' tasks
+            if hub is not None:
+                hub.close()  # in case the cancel below is lost
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

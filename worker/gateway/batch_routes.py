@@ -14,7 +14,7 @@ import time
 import redis
 
 from worker.affinity_key import with_affinity
-from worker.batch.openai_input import BatchRequest, LineError
+from worker.batch.input_line import BatchRequest
 from worker.client import enqueue
 from worker.cluster.shard_keys import ShardedKeys, keys_of_shard_stream
 from worker.fleet.registry import live, read
@@ -22,6 +22,7 @@ from worker.gateway.fleet_view import CACHE_S, ServedModel
 from worker.intake.lane_layout import read_layout, register_tenant
 from worker.job_queue import JobQueue
 from worker.keys import Keys, requests_stream_name
+from worker.openai.request import RequestError
 
 
 class ModelRoutes:
@@ -34,10 +35,10 @@ class ModelRoutes:
         """A JobTemplate.submit: XADD to the line's model's stream. Returns the shard whose output stream
         holds the job's events: 0 on one Redis; in a cluster the shard the stream belongs to (its output
         stream shares the stream's hash tag, as job_io.keys_of_stream names it)."""
-        job = with_affinity(request.job)
+        job = with_affinity(request.job.wire())
         stream = self.stream(request.model, job)
         if queue.shards == 1 and keys_of_shard_stream(self.keys.prefix, stream) is not None:
-            raise LineError(
+            raise RequestError(
                 "unsupported_layout",
                 "the Batch API reads shards only in cluster mode (conveyor serve --cluster); this model's "
                 "workers read protocol version 2's shards on one Redis (docs/http.md)",
@@ -55,7 +56,7 @@ class ModelRoutes:
         waiting = requests_stream_name(self.keys.prefix, model)
         if self.client.exists(waiting):
             return waiting
-        raise LineError("model_not_found", f"The model `{model}` does not exist.")
+        raise RequestError("model_not_found", f"The model `{model}` does not exist.")
 
     def _served(self) -> dict[str, ServedModel]:
         if time.monotonic() - self._read_at > CACHE_S:

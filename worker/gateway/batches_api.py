@@ -8,12 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.batch.api_objects import CANCELLABLE_STATUSES, BatchObject
 from worker.batch.batch_store import BadWindow, window_seconds
-from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL
 from worker.gateway.auth import tenant_of
 from worker.gateway.batch_api import batch_api_of, owner
 from worker.gateway.errors import APIError, invalid
 from worker.gateway.files_api import list_page
 from worker.gateway.json_body import body_as
+from worker.openai.request import CHAT_URL, COMPLETIONS_URL
 
 router = APIRouter(prefix="/v1/batches")
 

@@ -10,28 +10,38 @@
 An error after the stream began (the worker's error event, a stop at the deadline) is a chunk holding
 only OpenAI's error object, which the SDKs raise as an APIError, then [DONE].
 
-The events come in batches (those one read of the output stream returned); each batch's chunks are one
-body, so one write to the client's socket, however many tokens the batch holds.
+Every chunk is a dict encoded by `sse`: compact JSON, UTF-8 as it is, a logprob that cannot be sampled
+written -Infinity as the answer sent whole writes it. The events come in batches (those one read of the
+output stream returned); each batch's chunks are one body, so one write to the client's socket, however
+many tokens the batch holds.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from worker.batch.openai_echo import Echo, PromptScores, echoed_text
-from worker.batch.openai_input import CHAT_URL
-from worker.batch.openai_logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
 from worker.gateway.errors import APIError, from_worker, timed_out
-from worker.gateway.job_io import TERMINAL
-from worker.gateway.sse import DONE, hole, json_bytes, sse, sse_template
+from worker.openai.echo import Echo, PromptScores, echoed_text
+from worker.openai.logprobs import SampleLogprobs, chat_logprobs, completion_logprobs
+from worker.openai.request import CHAT_URL
+from worker.openai.response import finish_reasons
+from worker.protocol import TERMINAL, DoneEvent, ErrorEvent, Event, TokenEvent
+
+DONE = b"data: [DONE]\n\n"
+# json.dumps with any option set makes an encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event holding `payload`."""
+    return b"data: " + _ENCODER.encode(payload).encode() + b"\n\n"
 
 
 @dataclass
-class ChunkWriter:
+class ChunkEncoder:
     url: str
     job_id: str
     model: str
@@ -39,8 +49,8 @@ class ChunkWriter:
     include_usage: bool
     timeout_s: float
     created: int = field(default_factory=lambda: int(time.time()))
-    # A completions body's echo / prompt_logprobs (worker/batch/openai_echo.py): the prompt goes out first,
-    # at the opening (a text prompt echoed without logprobs) or with the event carrying its logprobs.
+    # A completions body's echo / prompt_logprobs (worker/openai/echo.py): the prompt goes out first, at
+    # the opening (a text prompt echoed without logprobs) or with the event carrying its logprobs.
     echo: Echo | None = None
 
     def __post_init__(self) -> None:
@@ -48,21 +58,12 @@ class ChunkWriter:
         # counts from the start of the sample's text, as the answer sent whole does.
         self._offsets: dict[int, int] = {}
         self._echoed = False  # the prompt went out (echo / prompt_logprobs): once
-        # The chunks that differ per event, cut where what differs goes: a token's (its sample's index,
-        # its text, its logprobs), a choice's last one (its index, its finish reason) and the usage.
-        self._token = sse_template(self._payload([self._choice(hole(0), hole(1), None, hole(2))]), 3)
-        self._finish = sse_template(self._payload([self._choice(hole(0), None, hole(1), None)]), 2)
-        usage = {"prompt_tokens": hole(0), "completion_tokens": hole(1), "total_tokens": hole(2)}
-        self._usage = sse_template(self._payload([], usage=usage), 3)
 
     @property
     def chat(self) -> bool:
         return self.url == CHAT_URL
 
-    def _chunk(self, choices: list[dict], **extra: Any) -> bytes:
-        return sse(self._payload(choices, **extra))
-
-    def _payload(self, choices: list[dict], **extra: Any) -> dict[str, Any]:
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body: dict[str, Any] = {
             "id": f"{'chatcmpl' if self.chat else 'cmpl'}-{self.job_id}",
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -73,10 +74,9 @@ class ChunkWriter:
         if self.include_usage:
             body["usage"] = None
         body.update(extra)
-        return body
+        return sse(body)
 
-    def _choice(self, k: int | str, text: str | None, finish: str | None, logprobs: Any) -> dict:
-        # k and logprobs: a str for a template's holes
+    def _choice(self, k: int, text: str | None, finish: str | None, logprobs: Any) -> dict[str, Any]:
         if self.chat:
             delta = {} if text is None else {"content": text}
             return {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -86,17 +86,9 @@ class ChunkWriter:
         if not self.chat:
             echo = self.echo
             return self._echo(None) if echo is not None and echo.echo and not echo.needs_scores else []
+        opened = {"role": "assistant", "content": ""}
         return [
-            self._chunk(
-                [
-                    {
-                        "index": k,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            )  # fmt: skip
+            self._chunk([{"index": k, "delta": opened, "logprobs": None, "finish_reason": None}])
             for k in range(self.n)
         ]
 
@@ -119,94 +111,75 @@ class ChunkWriter:
             out.append(self._chunk([choice]))
         return out
 
-    def token(self, event: dict) -> bytes | None:
+    def token(self, event: TokenEvent) -> bytes | None:
         if self.echo is not None and not self.chat:
             return self._echo_token(event, self.echo)
         return self._token_chunk(event)
 
-    def _echo_token(self, event: dict, echo: Echo) -> bytes | None:
+    def _echo_token(self, event: TokenEvent, echo: Echo) -> bytes | None:
         """A token event of a job with echo or prompt_logprobs: the prompt's chunks with the event carrying
         its scores; with max_tokens 0 nothing of the generated token."""
-        scored = "prompt_logprobs" in event and not self._echoed
+        scored = event.prompt_logprobs is not None and not self._echoed
         first = b"".join(self._echo(PromptScores.of(event))) if scored else b""
         if echo.only:
             return first or None
         return first + (self._token_chunk(event) or b"") or None
 
-    def _token_chunk(self, event: dict) -> bytes | None:
-        k, shown = event.get("sample") or 0, b"null"
-        if event.get("logprobs") is not None:
+    def _token_chunk(self, event: TokenEvent) -> bytes | None:
+        k, shown = event.sample or 0, None
+        if event.logprobs is not None:
             sample = SampleLogprobs()
             sample.add(event)
             if self.chat:
-                listed = chat_logprobs(sample)
+                shown = chat_logprobs(sample)
             else:
-                listed = completion_logprobs(sample, self._offsets.get(k, 0))
-                if listed["tokens"]:
-                    self._offsets[k] = listed["text_offset"][-1] + len(listed["tokens"][-1])
-            # orjson: an order of magnitude faster than json, the same JSON but for an exponent's padding
-            # (-1.2e-7, not -1.2e-07); it writes -inf (a token that cannot be sampled) as null, and json
-            # as -Infinity, as the answer sent whole does.
-            shown = orjson.dumps(listed) if sample.finite else json_bytes(listed)
-        elif not event["text"]:
+                shown = completion_logprobs(sample, self._offsets.get(k, 0))
+                if shown["tokens"]:
+                    self._offsets[k] = shown["text_offset"][-1] + len(shown["tokens"][-1])
+        elif not event.text:
             return None  # text held back (a possible stop string, an unfinished character)
-        head, after_index, after_text, tail = self._token
-        text = json_bytes(event["text"])  # a str (worker/protocol.py's TokenEvent)
-        return b"".join((head, b"%d" % k, after_index, text, after_text, shown, tail))
+        return self._chunk([self._choice(k, event.text, None, shown)])
 
-    def batch(self, events: list[dict]) -> list[bytes]:
-        """The chunks of events read together (the error chunk for a worker's error event)."""
-        out = []
-        for event in events:
-            if event["type"] == "token":
-                if (piece := self.token(event)) is not None:
-                    out.append(piece)
-            elif event["type"] == "done":
-                out.extend(self.ending(event))
-            else:
-                out.append(self.error(from_worker(event["code"], event["message"])))
-        return out
-
-    def ending(self, done: dict) -> list[bytes]:
-        reasons = done.get("finish_reasons") or [done["finish_reason"]]
+    def ending(self, done: DoneEvent) -> list[bytes]:
+        reasons = finish_reasons(done)
         if "abort" in reasons:
-            why = done.get("reason")
+            why = done.reason
             error = (
                 timed_out(self.timeout_s)
                 if why == "deadline"
                 else APIError(500, f"the job was stopped ({why or 'aborted'})", type="server_error", code=why)
             )
             return [self.error(error)]
+        prompt, completion = done.usage.prompt_tokens, done.usage.completion_tokens
         if self.echo is not None and self.echo.only and not self.chat:
-            reasons = ["length"] * len(reasons)  # the prompt scored, nothing generated shown
-            done = {**done, "usage": {**done["usage"], "completion_tokens": 0}}
-        head, after_index, tail = self._finish
-        out = [
-            b"".join((head, b"%d" % k, after_index, json_bytes(why), tail)) for k, why in enumerate(reasons)
-        ]
+            reasons, completion = ["length"] * len(reasons), 0  # the prompt scored, nothing generated shown
+        out = [self._chunk([self._choice(k, None, why, None)]) for k, why in enumerate(reasons)]
         if self.include_usage:
-            prompt, completion = done["usage"]["prompt_tokens"], done["usage"]["completion_tokens"]
-            head, after_prompt, after_completion, tail = self._usage
-            counts = (
-                b"%d" % prompt,
-                after_prompt,
-                b"%d" % completion,
-                after_completion,
-                b"%d" % (prompt + completion),
-            )
-            out.append(b"".join((head, *counts, tail)))
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+            out.append(self._chunk([], usage=usage))
         return out
 
     @staticmethod
     def error(error: APIError) -> bytes:
         return sse(error.body())
 
-    def body(self, batch: list[dict], first: bool) -> tuple[bytes, bool]:
+    def body(self, batch: list[Event], first: bool) -> tuple[bytes, bool]:
         """The body for one read's events (the opening chunks before the first's), and whether it is the
         last: a terminal event ends it with [DONE]. Empty when the events show no text yet."""
         pieces = self.opening() if first else []
-        pieces += self.batch(batch)
-        if batch[-1]["type"] in TERMINAL:
+        for event in batch:
+            if isinstance(event, TokenEvent):
+                if (piece := self.token(event)) is not None:
+                    pieces.append(piece)
+            elif isinstance(event, DoneEvent):
+                pieces.extend(self.ending(event))
+            elif isinstance(event, ErrorEvent):
+                pieces.append(self.error(from_worker(event.code, event.message)))
+        if batch[-1].type in TERMINAL:
             return b"".join(pieces) + DONE, True
         return b"".join(pieces), False
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL
 from worker.gateway.auth import tenant_of
 from worker.gateway.completions import complete
 from worker.gateway.errors import APIError
+from worker.openai.request import CHAT_URL, COMPLETIONS_URL
 
 ROUTES = (CHAT_URL, COMPLETIONS_URL)  # the paths, which are also the Batch API's `url` of each
 

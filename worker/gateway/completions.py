@@ -16,23 +16,27 @@ import uuid
 import structlog
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
-from worker.affinity_key import with_affinity
-from worker.batch.openai_echo import Echo, prompt_scores
-from worker.batch.openai_input import CHAT_URL, COMPLETIONS_URL, LineError, completion_job
-from worker.batch.openai_logprobs import SampleLogprobs
-from worker.batch.openai_output import response_body
 from worker.gateway import job_io
 from worker.gateway.auth import tenant_of
-from worker.gateway.chunks import ChunkWriter
+from worker.gateway.chunks import ChunkEncoder
 from worker.gateway.disconnect import ClientLeft, unless_disconnected
 from worker.gateway.errors import APIError, from_worker, invalid, model_not_found, no_worker, timed_out
 from worker.gateway.json_body import read_body
 from worker.gateway.sse import EventStream
 from worker.gateway.state import keys_of, redis_of, settings_of
 from worker.keys import requests_stream_name
-from worker.protocol import JOB_ID_PATTERN, Job
+from worker.openai.echo import prompt_scores
+from worker.openai.logprobs import SampleLogprobs
+from worker.openai.request import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    CompletionRequest,
+    RequestError,
+    completion_request,
+)
+from worker.openai.response import finish_reasons, response_body
+from worker.protocol import JOB_ID_PATTERN, DoneEvent, ErrorEvent, Event, TokenEvent
 
 router = APIRouter()
 log = structlog.get_logger("conveyor.gateway")
@@ -70,26 +74,26 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     if not isinstance(model, str) or not model:
         raise invalid("model is required", param="model")
     job_id = job_id_for(request, tenant)
-    try:
-        job, _, echo = completion_job(url, body, job_id)
-    except LineError as exc:
-        raise invalid(exc.message, code=exc.code) from None
+    fields: dict[str, object] = {"deadline_ms": int((time.time() + settings.request_timeout_s) * 1000)}
     if tenant is not None:
-        job["tenant"] = tenant
-    job["deadline_ms"] = int((time.time() + settings.request_timeout_s) * 1000)
+        fields["tenant"] = tenant
     try:
-        Job.model_validate(job)
-    except ValidationError as exc:
-        wrong = exc.errors()[0]
-        raise invalid(f"{'.'.join(map(str, wrong['loc']))}: {wrong['msg']}", code="invalid_job") from None
+        asked = completion_request(url, body, job_id, fields)
+    except RequestError as exc:
+        raise invalid(exc.message, code=exc.code) from None
     served = (await request.app.state.fleet.models()).get(model)
     if served is None:
         served = (await request.app.state.fleet.models(fresh=True)).get(model)
     if served is None:
         raise await _missing(request, model)
-    job = with_affinity(job)  # jobs sharing a prompt prefix go to the same workers (docs/protocol.md)
     stream_name = await job_io.submit(
-        client, keys, served, job, settings.max_queued, settings.retry_after_s, request.app.state.xadds.xadd
+        client,
+        keys,
+        served,
+        asked.job,
+        settings.max_queued,
+        settings.retry_after_s,
+        request.app.state.xadds.xadd,
     )
     job_keys = job_io.keys_of_stream(keys, stream_name)
 
@@ -106,13 +110,15 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     deadline = asyncio.get_running_loop().time() + settings.request_timeout_s + GRACE_S
     if stream:
         include_usage = bool((options or {}).get("include_usage"))
-        n = job.get("n") or 1
-        writer = ChunkWriter(url, job_id, model, n, include_usage, settings.request_timeout_s, echo=echo)
-        return EventStream(writer, events, job_keys, deadline, headers, cancel)
+        n = asked.job.n or 1
+        encoder = ChunkEncoder(
+            url, job_id, model, n, include_usage, settings.request_timeout_s, echo=asked.echo
+        )
+        return EventStream(encoder, events, job_keys, deadline, headers, cancel)
     batches = events.follow(job_keys, job_id, deadline)
     try:
         found = await unless_disconnected(request.receive, _rest(batches))
-        answer = _answer(url, model, job_id, job, found, settings.request_timeout_s, echo)
+        answer = _answer(asked, model, found, settings.request_timeout_s)
     except TimeoutError:
         await batches.aclose()  # before cancel(), which asks whether another request follows the job
         await cancel()
@@ -131,29 +137,27 @@ async def complete(request: Request, url: str, tenant: str | None) -> Response:
     return JSONResponse(answer, headers=headers)
 
 
-async def _rest(batches) -> list[dict]:
+async def _rest(batches) -> list[Event]:
     return [event async for batch in batches for event in batch]
 
 
-def _answer(
-    url: str, model: str, job_id: str, job: dict, events: list[dict], timeout_s: float, echo: Echo | None
-) -> dict:
+def _answer(asked: CompletionRequest, model: str, events: list[Event], timeout_s: float) -> dict:
     end = events[-1]
-    if end["type"] == "error":
-        raise from_worker(end["code"], end["message"])
-    if end["finish_reason"] == "abort" or "abort" in (end.get("finish_reasons") or []):
-        if end.get("reason") == "deadline":
+    if isinstance(end, ErrorEvent):
+        raise from_worker(end.code, end.message)
+    assert isinstance(end, DoneEvent)  # follow ends at a terminal event
+    if "abort" in finish_reasons(end):
+        if end.reason == "deadline":
             raise timed_out(timeout_s)
-        raise APIError(
-            500, f"the job was stopped ({end.get('reason')})", type="server_error", code=end.get("reason")
-        )
+        raise APIError(500, f"the job was stopped ({end.reason})", type="server_error", code=end.reason)
     logprobs: dict[int, SampleLogprobs] | None = None
-    if job.get("logprobs") is not None:
+    if asked.job.logprobs is not None:
         logprobs = {}
         for event in events[:-1]:
-            logprobs.setdefault(event.get("sample") or 0, SampleLogprobs()).add(event)
-    prompt = prompt_scores(events) if echo is not None else None
-    return response_body(url, model, job_id, end, logprobs, echo, prompt)
+            if isinstance(event, TokenEvent):
+                logprobs.setdefault(event.sample or 0, SampleLogprobs()).add(event)
+    prompt = prompt_scores(events) if asked.echo is not None else None
+    return response_body(asked.url, model, asked.job.id, end, logprobs, asked.echo, prompt)
 
 
 async def _missing(request: Request, model: str) -> APIError:

@@ -8,24 +8,20 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import orjson
 import redis
 import structlog
 
+from worker.affinity_key import with_affinity
 from worker.cluster.shard_keys import keys_of_shard_stream
 from worker.connection import Backoff
-from worker.error_codes import ErrorCode
 from worker.gateway.errors import queue_full
 from worker.gateway.fleet_view import ServedModel
 from worker.intake.lane_layout import read_layout_async
 from worker.keys import EVENT_FIELD, JOB_FIELD, Keys
-from worker.strict_json import MAX_JSON_DEPTH, JSONRefused, too_deep
+from worker.protocol import NOT_AN_EVENT, TERMINAL, Event, Job, read_event
 
 CANCEL_TTL_S = 600  # as docs/protocol.md "Cancelling" writes it
 LOST = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
-TERMINAL = ("done", "error")  # the event types that end an output stream
-# The error event standing for an entry that is not an event: a 500 internal_error.
-NOT_AN_EVENT = {"type": "error", "code": ErrorCode.INTERNAL.value, "message": "an entry is not an event"}
 log = structlog.get_logger("conveyor.gateway")
 
 
@@ -49,65 +45,47 @@ async def submit(
     client,
     keys: Keys,
     model: ServedModel,
-    job: dict,
+    job: Job,
     max_queued: int,
     retry_after_s: int,
     xadd: Callable[[str, dict], Awaitable[Any]] | None = None,
 ) -> str:
     """XADD the job to its stream among its model's (ServedModel.stream_for, after the default affinity key
-    is set); 429 (APIError) when max_queued jobs wait there. Returns the stream. `xadd`: how to send it
-    (XaddBatch.xadd, with other requests' jobs), instead of the client's own XADD."""
+    is set: jobs sharing a prompt prefix go to the same workers, docs/protocol.md); 429 (APIError) when
+    max_queued jobs wait there. Returns the stream. `xadd`: how to send it (XaddBatch.xadd, with other
+    requests' jobs), instead of the client's own XADD."""
+    fields = with_affinity(job.wire())
     layout_keys = model.layout_keys(keys.prefix)
     layout = await read_layout_async(client, layout_keys) if layout_keys is not None else None
-    stream = model.stream_for(job, keys.prefix, layout)
-    if layout is not None and (tenant := layout.unnamed_tenant(job)) is not None:
+    stream = model.stream_for(fields, keys.prefix, layout)
+    if layout is not None and (tenant := layout.unnamed_tenant(fields)) is not None:
         await client.sadd(layout.tenants_key, tenant)  # its lane is new to the workers: they add it
     if max_queued:
         waiting = await queued(client, stream, model.groups)
         if waiting >= max_queued:
             raise queue_full(model.name, waiting, retry_after_s)
-    await (xadd or client.xadd)(stream, {JOB_FIELD: json.dumps(job)})
+    await (xadd or client.xadd)(stream, {JOB_FIELD: json.dumps(fields)})
     return stream
 
 
-def parse_json(raw: bytes) -> Any:
-    """An output stream's event as json.loads reads it, by orjson, ~5x faster (per token, the hub's
-    largest cost). What orjson refuses and Python's json reads (-Infinity, the logprob of a token that
-    cannot be sampled, as the worker's json.dumps writes it; NaN; an escaped lone surrogate) goes to
-    json.loads, which raises for what is not JSON. JSON nested deeper than MAX_JSON_DEPTH is refused
-    before either parser runs (json.loads would raise RecursionError, which no ValueError handler
-    catches). orjson reads an integer past 64 bits as a float; an event's integers are token ids,
-    indexes and counts. A request's body is read by strict_json.loads_strict instead."""
-    if too_deep(raw):
-        raise JSONRefused(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
-def until_terminal(entries: list) -> list[dict]:
+def until_terminal(entries: list) -> list[Event]:
     """The events of one read's entries of an output stream, up to its terminal event (nothing follows
     one; were something there, no reader should see it). An entry that is not an event (no worker writes
-    one: not JSON, too deep, not an object, no type; whatever raises while reading it) ends the answer
-    there with NOT_AN_EVENT, a 500."""
+    one) ends the answer there with NOT_AN_EVENT, a 500."""
     events = []
     for _, fields in entries:
-        try:
-            event = parse_json(fields[EVENT_FIELD])
-            ended = event["type"] in TERMINAL
-        except Exception:  # noqa: BLE001  # an entry is data: nothing in it may escape to the reader
-            log.exception("an output stream's entry is not an event")
-            event, ended = dict(NOT_AN_EVENT), True
+        event = read_event(fields.get(EVENT_FIELD))
+        if event is NOT_AN_EVENT:
+            log.error("an output stream's entry is not an event", entry=repr(fields)[:200])
         events.append(event)
-        if ended:
+        if event.type in TERMINAL:
             break
     return events
 
 
 async def follow(
     client, keys: Keys, job_id: str, block_ms: int, deadline: float | None
-) -> AsyncIterator[list[dict]]:
+) -> AsyncIterator[list[Event]]:
     """The job's events in order, in the batches the reads returned, ending with the batch holding the
     terminal event, read from its output stream from the last entry seen: events written before this
     call, a lost connection, or a worker taken over mid-job (its successor writes the next index) lose
@@ -135,7 +113,7 @@ async def follow(
         last = entries[-1][0]
         batch = until_terminal(entries)
         yield batch
-        if batch[-1]["type"] in TERMINAL:
+        if batch[-1].type in TERMINAL:
             return
 
 

@@ -15,7 +15,6 @@ import gc
 import uvicorn
 
 from worker.gateway.app import create_app
-from worker.gateway.held_headers import HeldHeadersProtocol
 from worker.gateway.settings import GatewaySettings
 
 
@@ -34,7 +33,6 @@ def run(settings: GatewaySettings, log_level: str = "info") -> None:
         # No request line per request: the access log would cost more than the streamed tokens.
         access_log=False,
         timeout_graceful_shutdown=30,
-        http=HeldHeadersProtocol,  # a short answer's headers and body in one write (held_headers.py)
     )
 
 

@@ -12,22 +12,19 @@ requests may follow one stream (one X-Request-Id sent again while the first is a
 read from the earliest of their last ids, and each is handed only the entries after its own.
 
 Nothing an entry holds may stop the reader (it serves every stream of the process): an entry that is not
-an event ends its own answer (job_io.until_terminal), a sink that raises ends its own. Should the reader
-stop all the same, every request gets HUB_STOPPED and /health fails.
+an event ends its own answer (job_io.until_terminal). Should the reader stop all the same, every request
+gets HUB_STOPPED and /health fails.
 
-A streamed answer attaches a sink, called in the reader's own pass with each batch of its stream's
-events: it writes its chunks there (worker/gateway/sse.py), so one reply's 50 streams cost one pass, not
-50 tasks woken one after another, each through its generators, before its chunk goes out. An answer sent
-whole awaits its events through a queue instead (`follow`). After handing out one reply's events the reader
-yields to the loop, so those requests go on before it parses the next reply: otherwise a reply that
-arrived meanwhile is parsed first and they wait behind it.
+Each request takes its stream's batches of events through a queue of its own (`follow`). After handing
+out one reply's events the reader yields to the loop, so those requests go on before it parses the next
+reply: otherwise a reply that arrived meanwhile is parsed first and they wait behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,24 +33,22 @@ import structlog
 
 from worker.connection import Backoff
 from worker.error_codes import ErrorCode
-from worker.gateway.job_io import LOST, TERMINAL, until_terminal
+from worker.gateway.job_io import LOST, until_terminal
 from worker.keys import Keys
+from worker.protocol import TERMINAL, ErrorEvent, Event
 
 WAKE_TTL_S = 60
 log = structlog.get_logger("conveyor.gateway")
-Sink = Callable[[list[dict]], None]  # takes one read's events of its stream, in the reader's pass
 # What every request still following a stream gets when the reader stops on an error: a 500 at once,
 # not a wait until its deadline (and /health fails: worker/gateway/health.py).
-HUB_STOPPED = {
-    "type": "error",
-    "code": ErrorCode.INTERNAL.value,
-    "message": "the gateway's stream reader stopped",
-}
+HUB_STOPPED = ErrorEvent(
+    type="error", code=ErrorCode.INTERNAL.value, message="the gateway's stream reader stopped"
+)
 
 
 @dataclass(eq=False)
 class _Listener:
-    sink: Sink
+    put: Callable[[list[Event] | None], None]  # its request's queue.put_nowait
     last: bytes = b"0"  # the last entry id handed to it
 
 
@@ -73,47 +68,40 @@ class StreamHub:
         self._stopped = False  # the reader ended on an error: nobody hands events out
         self._read_from: dict[bytes, bytes] = {}  # the id each stream of the last XREAD was read from
 
-    async def attach(self, keys: Keys, job_id: str, sink: Sink) -> None:
-        """From the next read on, `sink(events)` with each batch of the job's events, in order, from its
-        first; the batch holding the terminal event is the last. Until `detach(keys, job_id, sink)`."""
-        if self._stopped:
-            sink([dict(HUB_STOPPED)])
-            return
-        self._streams.setdefault(keys.out(job_id).encode(), []).append(_Listener(sink))
-        self._joined.set()
-        await self._wake()
-
-    def detach(self, keys: Keys, job_id: str, sink: Sink) -> None:
-        key = keys.out(job_id).encode()
-        listeners = self._streams.get(key, [])
-        # == and not `is`: each `obj.method` is a new bound method, equal to the one attached.
-        listeners[:] = [listener for listener in listeners if listener.sink != sink]
-        if not listeners:
-            self._streams.pop(key, None)
-
     def followed(self, keys: Keys, job_id: str) -> bool:
         """Whether a request still follows the job (another one with the same X-Request-Id)."""
         return bool(self._streams.get(keys.out(job_id).encode()))
 
-    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncIterator[list[dict]]:
-        """The job's events in order, in the batches the reads returned, ending with the batch holding the
-        terminal event; TimeoutError at `deadline` (loop time)."""
-        queue: asyncio.Queue = asyncio.Queue()
-        sink = queue.put_nowait
+    async def follow(self, keys: Keys, job_id: str, deadline: float) -> AsyncGenerator[list[Event], None]:
+        """The job's events in order, from its first, in the batches the reads returned (from the next
+        read on), ending with the batch holding the terminal event; TimeoutError at `deadline` (loop
+        time)."""
+        queue: asyncio.Queue[list[Event] | None] = asyncio.Queue()
+        key = keys.out(job_id).encode()
+        listener = _Listener(queue.put_nowait)
         # At the deadline a None joins the queue: one timer per request, not one per event (wait_for).
-        timer = asyncio.get_running_loop().call_at(deadline, sink, None)
+        timer = asyncio.get_running_loop().call_at(deadline, queue.put_nowait, None)
         try:
-            await self.attach(keys, job_id, sink)
+            if self._stopped:
+                yield [HUB_STOPPED]
+                return
+            self._streams.setdefault(key, []).append(listener)
+            self._joined.set()
+            await self._wake()
             while True:
                 batch = await queue.get()
                 if batch is None:
                     raise TimeoutError(job_id)
                 yield batch
-                if batch[-1]["type"] in TERMINAL:
+                if batch[-1].type in TERMINAL:
                     return
         finally:
             timer.cancel()
-            self.detach(keys, job_id, sink)
+            listeners = self._streams.get(key, [])
+            if listener in listeners:
+                listeners.remove(listener)
+            if not listeners:
+                self._streams.pop(key, None)
 
     async def _wake(self) -> None:
         """End the read in flight, which does not name the newcomer's stream; once per read."""
@@ -145,7 +133,7 @@ class StreamHub:
             streams, self._streams = self._streams, {}
             for listeners in streams.values():
                 for listener in listeners:
-                    _give(listener, [dict(HUB_STOPPED)])
+                    listener.put([HUB_STOPPED])
             raise
 
     async def _read(self) -> None:
@@ -177,7 +165,7 @@ class StreamHub:
                 await asyncio.sleep(0)
 
     def _hand_out(self, reply: list) -> bool:
-        """Each stream's events to its requests' sinks; whether any request got some."""
+        """Each stream's events to its requests' queues; whether any request got some."""
         handed = False
         for key, entries in reply:
             key = key if isinstance(key, bytes) else key.encode()
@@ -196,22 +184,13 @@ class StreamHub:
                     continue
                 listener.last = new[-1][0]
                 handed = True
-                if _give(listener, until_terminal(new)) and listener in listeners:  # (not detached by it)
+                batch = until_terminal(new)
+                listener.put(batch)
+                if batch[-1].type in TERMINAL:
                     listeners.remove(listener)
             if not listeners and self._streams.get(key) is listeners:
                 del self._streams[key]
         return handed
-
-
-def _give(listener: _Listener, batch: list[dict]) -> bool:
-    """Hand `batch` to one request; whether its answer has ended (its terminal event, or its sink failed:
-    one answer's failure is its own, the others' events still go out)."""
-    try:
-        listener.sink(batch)
-    except Exception:
-        log.exception("a stream's events could not be handed out")
-        return True
-    return batch[-1]["type"] in TERMINAL
 
 
 def _order(entry_id: bytes) -> tuple[int, int]:
@@ -228,10 +207,11 @@ def _after(entries: list, last: bytes) -> list:
 
 
 def _raise_if_cancel_lost() -> None:
-    """A cancel that lands inside redis-py's blocking XREAD is sometimes swallowed there (redis-py 8.1: the
-    read returns its empty reply; about 1 in 100 cancels here), and the reader would block again. Python
-    3.11 counts the cancel (Task.cancelling) though it was not delivered; 3.10 cannot tell, and there the
-    reader stops when closed."""
+    """A cancel that lands while redis-py writes the XREAD is swallowed there: the write runs under
+    asyncio.wait_for (a socket timeout is set), and Python 3.10 and 3.11's wait_for returns a finished
+    write's result instead of the cancel, so the read blocks and returns its reply as if nothing had been
+    cancelled. Python 3.11 counts the cancel all the same (Task.cancelling); 3.10 cannot tell, and there
+    the reader stops when closed."""
     cancelling = getattr(asyncio.current_task(), "cancelling", None)
     if cancelling is not None and cancelling() > 0:
         raise asyncio.CancelledError

@@ -98,7 +98,7 @@ def test_a_batch_runs_to_completed(r, redis_server, engine):
 
 
 def test_completions_lines_with_echo_score_their_prompt(r, redis_server, engine):
-    """echo + logprobs + max_tokens 0 (worker/batch/openai_echo.py): the prompt's text and logprobs only."""
+    """echo + logprobs + max_tokens 0 (worker/openai/echo.py): the prompt's text and logprobs only."""
     prompt = [5, 17, 42, 9, 77]
     body = {"model": "tiny", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0}
     line = json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": body})

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-from worker.batch.openai_echo import take_echo
-from worker.batch.openai_input import COMPLETIONS_URL
-from worker.gateway.chunks import ChunkWriter
+from tests.helpers.events import as_event
+from worker.gateway.chunks import ChunkEncoder
+from worker.openai.echo import take_echo
+from worker.openai.request import COMPLETIONS_URL
 
 FIRST = {
     "type": "token",
@@ -36,8 +37,8 @@ DONE = {
 def _chunks(body: dict, events: list[dict]) -> list[dict]:
     job = {"prompt": body["prompt"], "max_tokens": body["max_tokens"], "logprobs": body.get("logprobs")}
     echo = take_echo(dict(body), job)
-    writer = ChunkWriter(COMPLETIONS_URL, "j", "tiny", 2, True, 30.0, created=1, echo=echo)
-    raw, last = writer.body(events, first=True)
+    writer = ChunkEncoder(COMPLETIONS_URL, "j", "tiny", 2, True, 30.0, created=1, echo=echo)
+    raw, last = writer.body([as_event(event) for event in events], first=True)
     assert last
     out = []
     for part in raw.decode().split("\n\n"):

@@ -13,14 +13,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.protocol import TokenEvent
+
 
 @dataclass
 class SampleLogprobs:
     # Per generated token: [(piece, logprob) of the sampled token, then of each top alternative].
     tokens: list[list[tuple[str, float]]] = field(default_factory=list)
 
-    def add(self, event: dict) -> None:
-        logprobs, pieces = event.get("logprobs"), event.get("logprob_tokens")
+    def add(self, event: TokenEvent) -> None:
+        logprobs, pieces = event.logprobs, event.logprob_tokens
         if logprobs is None or pieces is None:
             return
         for per_token, per_piece in zip(logprobs, pieces, strict=True):

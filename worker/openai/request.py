@@ -1,18 +1,20 @@
-"""One line of an OpenAI Batch input file -> a Conveyor job, or the reason it cannot run.
-
-    {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": ..., "messages": [...]}}
+"""A chat or completions request body (OpenAI's fields) -> a validated protocol.Job, or the reason it
+cannot run. The gateway maps each request so, and the Batch API each line's body.
 
 Body fields map to job fields under the names of docs/protocol.md. A field that Conveyor cannot honour
-(tools, logit_bias, streaming, several prompts...) fails the line, never silently changes its meaning.
+(tools, logit_bias, streaming, several prompts...) fails the request, never silently changes its meaning.
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from worker.batch.openai_echo import Echo, EchoError, take_echo
-from worker.strict_json import JSONRefused, loads_strict
+from pydantic import ValidationError
+
+from worker.openai.echo import Echo, EchoError, take_echo
+from worker.protocol import Job
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"
 
@@ -42,8 +44,9 @@ _OFF_OR_ABSENT = {"stream": False, "echo": False, "tools": None, "functions": No
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-class LineError(ValueError):
-    """The line cannot become a job. `code` goes into the output line's error object."""
+class RequestError(ValueError):
+    """The body cannot become a job. `code`: OpenAI's error code (a 400 from the gateway, a Batch error
+    line's `error.code`)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -51,60 +54,18 @@ class LineError(ValueError):
 
 
 @dataclass(frozen=True)
-class BatchRequest:
-    custom_id: str
-    url: str
-    job: dict  # ready to enqueue (worker.client.enqueue)
-    model: str  # echoed in the response body
-    echo: Echo | None = None  # a completions line's echo / prompt_logprobs (worker/batch/openai_echo.py)
+class CompletionRequest:
+    url: str  # CHAT_URL or COMPLETIONS_URL: which shape the answer takes
+    job: Job
+    model: str | None  # the body's, echoed in the answer
+    echo: Echo | None = None  # a completions body's echo / prompt_logprobs (echo.py)
 
 
-def parse_custom_id(line: str) -> str | None:
-    """The custom_id of a line, or None when the line has none (it then fails in parse_line)."""
-    try:
-        value = loads_strict(line.encode()).get("custom_id")
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) and value else None
-
-
-def job_id_for(line: str) -> str:
-    """Deterministic: a rerun after a crash enqueues the same id, so the worker deduplicates it and the
-    runner collects the events of the job already run (or running)."""
-    return "batch-" + hashlib.sha256(line.strip().encode()).hexdigest()[:32]
-
-
-def parse_line(line: str, job_id: str | None = None) -> BatchRequest:
-    """The line's job, named `job_id` (default: derived from the line, job_id_for)."""
-    try:
-        entry = loads_strict(line.encode())
-    except JSONRefused as exc:
-        raise LineError("invalid_json", f"line: {exc}") from None
-    if not isinstance(entry, dict):
-        raise LineError("invalid_request", "line is not a JSON object")
-    custom_id, method, url, body = (entry.get(k) for k in ("custom_id", "method", "url", "body"))
-    if not isinstance(custom_id, str) or not custom_id:
-        raise LineError("invalid_request", "custom_id must be a non-empty string")
-    if method != "POST":
-        raise LineError("invalid_request", f"method must be POST, got {method!r}")
-    if url not in (CHAT_URL, COMPLETIONS_URL):
-        raise LineError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
-    if not isinstance(body, dict):
-        raise LineError("invalid_request", "body must be a JSON object")
-    job, model, echo = completion_job(url, body, job_id or job_id_for(line))
-    return BatchRequest(custom_id, url, job, model or "conveyor", echo)
-
-
-def job_from_body(url: str, body: dict, job_id: str) -> tuple[dict, str | None]:
-    """A chat or completions request body (OpenAI's fields) -> (job, the body's model). Raises LineError for
-    a field that cannot be honoured, naming it. Shared by the Batch API and the HTTP gateway (which takes
-    `stream` and `stream_options` out of the body before)."""
-    job, model, _ = completion_job(url, body, job_id)
-    return job, model
-
-
-def completion_job(url: str, body: dict, job_id: str) -> tuple[dict, str | None, Echo | None]:
-    """job_from_body, and what a completions body's `echo` / `prompt_logprobs` ask of the answer."""
+def completion_request(
+    url: str, body: Mapping[str, Any], job_id: str, fields: Mapping[str, Any] | None = None
+) -> CompletionRequest:
+    """The request's job, named `job_id`, with `fields` (tenant, deadline_ms) set. Raises RequestError
+    naming a field that cannot be honoured, or one the job refuses (code invalid_job)."""
     body = dict(body)
     job: dict = {"id": job_id}
     echo = None
@@ -120,11 +81,11 @@ def completion_job(url: str, body: dict, job_id: str) -> tuple[dict, str | None,
             job["logprobs"] = _top_count(top, "logprobs")
         best_of = body.pop("best_of", None)
         if best_of is not None and best_of != body.get("n", 1):
-            raise LineError("unsupported_field", "best_of other than n is not supported")
+            raise RequestError("unsupported_field", "best_of other than n is not supported")
         try:
             echo = take_echo(body, job)
         except EchoError as exc:
-            raise LineError("invalid_request", str(exc)) from None
+            raise RequestError("invalid_request", str(exc)) from None
     if "response_format" in body:
         job["response_format"] = body.pop("response_format")
     for name in _SHARED:
@@ -135,10 +96,20 @@ def completion_job(url: str, body: dict, job_id: str) -> tuple[dict, str | None,
         body.pop(name, None)
     for name, allowed in _OFF_OR_ABSENT.items():
         if name in body and body.pop(name) not in (allowed, None):
-            raise LineError("unsupported_field", f"{name} is not supported")
+            raise RequestError("unsupported_field", f"{name} is not supported")
     if body:
-        raise LineError("unsupported_field", f"fields not supported: {', '.join(sorted(body))}")
-    return job, model if isinstance(model, str) else None, echo
+        raise RequestError("unsupported_field", f"fields not supported: {', '.join(sorted(body))}")
+    job.update(fields or {})
+    return CompletionRequest(url, _validated(job), model if isinstance(model, str) else None, echo)
+
+
+def _validated(job: dict) -> Job:
+    """The job as the worker would read it; its first complaint, named, when it would refuse it."""
+    try:
+        return Job.model_validate(job)
+    except ValidationError as exc:
+        wrong = exc.errors()[0]
+        raise RequestError("invalid_job", f"{'.'.join(map(str, wrong['loc']))}: {wrong['msg']}") from None
 
 
 def _tokens_limit(body: dict, job: dict, *names: str) -> None:
@@ -154,35 +125,37 @@ def _chat_logprobs(body: dict, job: dict) -> None:
     """Chat asks with `logprobs: true` and `top_logprobs: k`; a job with `logprobs: k`."""
     wanted, top = body.pop("logprobs", None), body.pop("top_logprobs", None)
     if wanted not in (None, True, False):
-        raise LineError("invalid_request", "logprobs must be a boolean")
+        raise RequestError("invalid_request", "logprobs must be a boolean")
     if top is not None and not wanted:
-        raise LineError("invalid_request", "top_logprobs needs logprobs: true")
+        raise RequestError("invalid_request", "top_logprobs needs logprobs: true")
     if wanted:
         job["logprobs"] = 0 if top is None else _top_count(top, "top_logprobs")
 
 
 def _top_count(value: object, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 20:
-        raise LineError("invalid_request", f"{name} must be an integer from 0 to 20")
+        raise RequestError("invalid_request", f"{name} must be an integer from 0 to 20")
     return value
 
 
 def _messages(messages: object) -> list[dict]:
     if not isinstance(messages, list) or not messages:
-        raise LineError("invalid_request", "messages must be a non-empty list")
+        raise RequestError("invalid_request", "messages must be a non-empty list")
     out = []
     for k, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise LineError("invalid_request", "each message needs a role")
+            raise RequestError("invalid_request", "each message needs a role")
         role = ROLES.get(m["role"])
         if role is None:  # a chat template would render any role into the prompt as given
-            raise LineError(
+            raise RequestError(
                 "invalid_request",
                 f"messages.{k}.role must be one of {', '.join(ROLES)}, got {m['role'][:32]!r}",
             )
         extra = set(m) - {"role", "content", "name"}
         if extra:
-            raise LineError("unsupported_field", f"message fields not supported: {', '.join(sorted(extra))}")
+            raise RequestError(
+                "unsupported_field", f"message fields not supported: {', '.join(sorted(extra))}"
+            )
         out.append({"role": role, "content": _content(m.get("content"))})
     return out
 
@@ -193,7 +166,7 @@ def _content(content: object) -> str:
         return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         return "".join(str(p.get("text", "")) for p in content)
-    raise LineError("unsupported_field", "message content must be text")
+    raise RequestError("unsupported_field", "message content must be text")
 
 
 def _prompt(prompt: object) -> dict:
@@ -207,4 +180,4 @@ def _prompt(prompt: object) -> dict:
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
         return {"prompt_token_ids": prompt}
-    raise LineError("invalid_request", "prompt must be one non-empty string or one list of token ids")
+    raise RequestError("invalid_request", "prompt must be one non-empty string or one list of token ids")

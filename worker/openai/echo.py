@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.protocol import Event, TokenEvent
+
 
 class EchoError(ValueError):
     """A body whose echo / prompt_logprobs / max_tokens cannot be honoured."""
@@ -71,12 +73,12 @@ class PromptScores:
     [[token_id, logprob], [top_id, logprob], ...] (None for the first)."""
 
     pieces: list[str]
-    logprobs: list[list[list[Any]] | None]
+    logprobs: list[list[tuple[int, float]] | None]
     top_pieces: list[list[str]]  # per prompt token: the pieces of its listed top tokens
 
     @classmethod
-    def of(cls, event: dict) -> PromptScores | None:
-        logprobs, pieces = event.get("prompt_logprobs"), event.get("prompt_logprob_tokens")
+    def of(cls, event: TokenEvent) -> PromptScores | None:
+        logprobs, pieces = event.prompt_logprobs, event.prompt_logprob_tokens
         if logprobs is None or pieces is None:
             return None
         return cls([p[0] if p else "" for p in pieces], logprobs, [p[1:] for p in pieces])
@@ -130,10 +132,10 @@ def echoed_text(echo: Echo, scores: PromptScores | None) -> str:
     return scores.text if scores is not None else ""
 
 
-def prompt_scores(events: list[dict]) -> PromptScores | None:
+def prompt_scores(events: list[Event]) -> PromptScores | None:
     """The prompt's logprobs from a job's events (the first token event that carries them)."""
     for event in events:
-        if event.get("type") == "token" and event.get("prompt_logprobs") is not None:
+        if isinstance(event, TokenEvent) and event.prompt_logprobs is not None:
             return PromptScores.of(event)
     return None
 
