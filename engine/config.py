@@ -54,6 +54,11 @@ class EngineConfig:
         "continuous", "continuous: iteration-level batching; static: a new batch when the last ends"
     )
     scheduling_policy: Literal["fcfs", "priority"] = knob("fcfs", "which waiting request goes first")
+    kv_allocation: Literal["paged", "reserve_max"] = knob(
+        "paged",
+        "paged: KV blocks on demand; reserve_max: every request reserves max_model_len tokens of blocks when "
+        "admitted, as contiguous-allocation servers do (for comparison: it wastes what answers leave unused)",
+    )
     async_scheduling: bool = knob(
         False,
         "schedule step k+1 while the device runs step k (its sampled ids enter k+1's inputs on the device) "
@@ -145,6 +150,8 @@ class SchedulerConfig:
     # "continuous": iteration-level batching. "static": a new batch starts only when the last one ended.
     scheduling: Literal["continuous", "static"] = engine_default("scheduling")
     policy: Literal["fcfs", "priority"] = engine_default("scheduling_policy")
+    # "paged": blocks on demand. "reserve_max": max_model_len reserved per request at admission.
+    kv_allocation: Literal["paged", "reserve_max"] = engine_default("kv_allocation")
 
     def __post_init__(self) -> None:
         _check_at_least_one(

@@ -104,6 +104,7 @@ class LLMEngine:
                 enable_prefix_caching=config.enable_prefix_caching,
                 scheduling=config.scheduling,
                 policy=config.scheduling_policy,
+                kv_allocation=config.kv_allocation,
             ),
             self.eos_token_ids,
         )

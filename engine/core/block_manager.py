@@ -7,6 +7,10 @@ table    [    7      ][     2     ][    9     ]     full blocks 7, 2 are hashed:
 
 A table is an immutable tuple, replaced by a new one only when blocks are appended (one decode step in
 block_size); the scheduler sends the runner only the blocks appended since the last step (a slice of it).
+
+`reserve_tokens` set (the engine's kv_allocation "reserve_max"): a request's table is sized for that many
+tokens when it is admitted (or forked), as systems that give each request one contiguous region of its
+maximum length do, so it never allocates again; a request whose reservation does not fit waits.
 """
 
 from __future__ import annotations
@@ -47,8 +51,11 @@ class KVBlockManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         hash_fn: HashFn = hash_block_tokens,
+        reserve_tokens: int | None = None,
     ) -> None:
         self.block_size = block_size
+        # None: blocks on demand (paged). Else every table holds at least this many tokens from admission.
+        self.reserve_tokens = reserve_tokens
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._hash_fn = hash_fn
@@ -90,6 +97,10 @@ class KVBlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def blocks_at_admission(self, num_tokens: int) -> int:
+        """Blocks a table of `num_tokens` tokens takes when admitted: the reservation, when larger."""
+        return self.blocks_needed(max(num_tokens, self.reserve_tokens or 0))
 
     def has_room(self, request_id: str, num_tokens: int) -> bool:
         """Whether the request's table already holds `num_tokens` tokens (then allocate_slots would take
@@ -145,7 +156,9 @@ class KVBlockManager:
         else:
             assert not cached.blocks, "a cached prefix is only taken on admission"
             num_computed = request.num_computed_tokens
-        num_new_blocks = self.blocks_needed(num_computed + num_new_tokens) - len(table) - len(cached.blocks)
+        wanted = num_computed + num_new_tokens
+        num_wanted = self.blocks_at_admission(wanted) if admitted else self.blocks_needed(wanted)
+        num_new_blocks = num_wanted - len(table) - len(cached.blocks)
         # Cached hits with ref_cnt 0 sit in the free list, so taking them uses free blocks too.
         num_revived = sum(1 for b in cached.blocks if b.ref_cnt == 0)
         if max(num_new_blocks, 0) + num_revived > self.pool.num_free:
@@ -192,22 +205,29 @@ class KVBlockManager:
 
     def fork(self, parent: Request, child: Request) -> Fork | None:
         """Give `child` the parent's prompt blocks: full blocks shared by reference, a partly filled last
-        block copied into a fresh one (the runner copies after this step's forward). None: no free block."""
+        block copied into a fresh one (the runner copies after this step's forward), and fresh blocks up
+        to the reservation, if any. None: not enough free blocks (then nothing changed)."""
         table = self.tables[parent.request_id]
         num_prompt = parent.num_prompt_tokens
         num_full = num_prompt // self.block_size
         partial = num_prompt % self.block_size != 0
+        num_reserved = max(0, self.blocks_at_admission(num_prompt) - num_full - partial)
+        if partial + num_reserved > self.pool.num_free:
+            return None
         copies: tuple[tuple[int, int], ...] = ()
         child_table = table[:num_full]
         if partial:
             block = self.pool.take()
-            if block is None:
-                return None
+            assert block is not None
             copies = ((table[num_full], block.block_id),)
         for block_id in child_table:
             self.pool.touch(self.pool.blocks[block_id])
         if partial:
             child_table += (copies[0][1],)
+        for _ in range(num_reserved):
+            fresh = self.pool.take()
+            assert fresh is not None
+            child_table += (fresh.block_id,)
         self.tables[child.request_id] = child_table
         self._num_registered[child.request_id] = 0
         if parent.request_id in self._hashes:
@@ -232,6 +252,12 @@ class KVBlockManager:
             for block_id in table:
                 holders[block_id] = holders.get(block_id, 0) + 1
         self.pool.check_invariants(holders)
+        if self.reserve_tokens is not None:
+            reserved = self.blocks_needed(self.reserve_tokens)
+            for rid, table in self.tables.items():
+                assert len(table) >= reserved, (
+                    f"{rid}: {len(table)} blocks, below its reservation of {reserved}"
+                )
         computing: dict[BlockHash, int] = {}
         for rid, end in self._compute_end.items():
             for h in self._hashes[rid][self._num_registered[rid] : end]:

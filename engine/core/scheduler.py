@@ -51,7 +51,12 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int]) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.kv = KVBlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # reserve_max: each request's table is sized for max_model_len on admission (check_request has
+        # made sure no request grows past it), so only admissions allocate.
+        reserve = config.max_model_len if config.kv_allocation == "reserve_max" else None
+        self.kv = KVBlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, reserve_tokens=reserve
+        )
         self._tables = self.kv.tables  # the block manager's dict (never replaced), read per request per step
         # Every unfinished request by id (the runner reads sampling parameters from here).
         self.requests: dict[str, Request] = {}
@@ -82,12 +87,14 @@ class Scheduler:
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.params.max_tokens}) = "
                 f"{total} exceeds max_model_len ({cfg.max_model_len})",
             )
-        blocks = self.kv.blocks_needed(total)
+        blocks = self.kv.blocks_at_admission(total)
         if blocks > cfg.num_blocks:
+            what = f"{total} tokens need"
+            if self.kv.reserve_tokens is not None:
+                what = f"reserve_max reserves max_model_len ({cfg.max_model_len}) tokens per request:"
             raise RequestRejected(
                 RejectReason.TOO_LONG_FOR_KV_CACHE,
-                f"{total} tokens need {blocks} KV blocks of {cfg.block_size} tokens, but the whole pool has "
-                f"{cfg.num_blocks}",
+                f"{what} {blocks} KV blocks of {cfg.block_size} tokens, but the whole pool has {cfg.num_blocks}",
             )
 
     def add_request(self, request: Request) -> None:

@@ -21,6 +21,7 @@ configs = st.fixed_dictionaries(
         "enable_prefix_caching": st.booleans(),
         "scheduling": st.sampled_from(["continuous", "static"]),
         "policy": st.sampled_from(["fcfs", "priority"]),
+        "kv_allocation": st.sampled_from(["paged", "reserve_max"]),
     }
 )
 
@@ -49,9 +50,11 @@ def test_random_streams_leak_nothing(config, seed):
                 for r in reqs:
                     sched.check_request(r)
             except RequestRejected:
+                # reserve_max holds max_model_len tokens of blocks for every request.
+                held = config["max_model_len"] if config["kv_allocation"] == "reserve_max" else 0
                 assert (
                     len(prompt) + max_tokens > config["max_model_len"]
-                    or -(-(len(prompt) + max_tokens) // config["block_size"]) > config["num_blocks"]
+                    or -(-max(held, len(prompt) + max_tokens) // config["block_size"]) > config["num_blocks"]
                 )
                 reqs = []
             for r in reqs:
