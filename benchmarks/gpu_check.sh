@@ -25,6 +25,8 @@
 #   kernels       benchmarks/kernels.py: decode attention bandwidth as a share of copy bandwidth, split sweep
 #   speed         benchmarks/gpu_e2e.py --part speed: tokens/s, first-token latency, step vs forward time,
 #                 against transformers' generate and generate_batch on the same 256 prompts
+#   article       benchmarks/article.py --quick: static vs continuous, reserve_max vs paged, the knobs, on the
+#                 real model when carried (else tiny), JSON and charts
 #   tp2           tensor parallel 2: only where >= 2 GPUs (this machine has one: reports why not)
 # Nothing that only needs a CPU runs here (host_overhead.py and the simulated device run on any CPU).
 # A failed install or import stops the run. Each step runs under `timeout` with its own limit, cut to what
@@ -165,6 +167,8 @@ if [[ -n "$MODEL" ]]; then
 else
     record speed "not run: no checkpoint (model step)" 0
 fi
+step article 90 env CONVEYOR_CACHE="$MODELS" "$PY" benchmarks/article.py --quick --device auto \
+    --model "${GGUF:-tiny}" --out-dir "$WORK/article"
 if ((GPUS < 2)); then
     skip tp2 "needs 2 GPUs, this machine has $GPUS"
 else
