@@ -68,19 +68,19 @@ class Sizes:
 
 
 FULL = Sizes(
-    num_requests=16,
+    num_requests=12,
     max_output=96,
     max_model_len=512,
     max_num_seqs=8,
     block_size=16,
     rates=(0.5, 1.0, 2.0, math.inf),
-    seqs_sweep=(2, 4, 8, 16),
+    seqs_sweep=(2, 4, 8, 12),
     wait_sweep_ms=(0, 50, 200, 1000),
     wait_rate=0.5,
     lone_requests=2,
     block_sweep=(8, 16, 32, 128),
     budget_reservations=4,
-    budget_requests=24,
+    budget_requests=20,
 )
 QUICK = Sizes(
     num_requests=6,
