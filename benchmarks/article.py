@@ -1,6 +1,6 @@
 """The batching and paging articles' claims, measured on one model, with charts (docs/operations.md, "Tuning").
 
-    CONVEYOR_CACHE=/work/dl python benchmarks/article.py        # SmolLM2-135M-Instruct: ~15 min on 2 CPU cores
+    CONVEYOR_CACHE=/work/dl python benchmarks/article.py        # SmolLM2-135M-Instruct: ~4 min on 2 quiet CPU cores
     python benchmarks/article.py --quick --model tiny           # every experiment at toy sizes, seconds
 
 Chat prompts (benchmarks/chat_workload.py) rendered with the model's template; greedy answers that end at
@@ -68,19 +68,19 @@ class Sizes:
 
 
 FULL = Sizes(
-    num_requests=12,
-    max_output=96,
+    num_requests=10,
+    max_output=64,
     max_model_len=512,
-    max_num_seqs=8,
+    max_num_seqs=4,
     block_size=16,
-    rates=(0.5, 1.0, 2.0, math.inf),
-    seqs_sweep=(2, 4, 8, 12),
-    wait_sweep_ms=(0, 50, 200, 1000),
-    wait_rate=0.5,
-    lone_requests=2,
-    block_sweep=(8, 16, 32, 128),
-    budget_reservations=4,
-    budget_requests=20,
+    rates=(0.25, 1.0, math.inf),
+    seqs_sweep=(2, 4, 10),
+    wait_sweep_ms=(0, 200, 1000),
+    wait_rate=0.25,
+    lone_requests=1,
+    block_sweep=(8, 16, 64),
+    budget_reservations=3,
+    budget_requests=16,
 )
 QUICK = Sizes(
     num_requests=6,
