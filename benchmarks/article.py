@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.arrival_replay import poisson_times, replay  # noqa: E402
-from benchmarks.article_charts import draw_all  # noqa: E402
+from benchmarks.article_charts import describe, draw_all  # noqa: E402
 from benchmarks.chat_workload import chat_jobs  # noqa: E402
 from benchmarks.proc_counters import cpu_name  # noqa: E402
 from benchmarks.served import resolve, served  # noqa: E402
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"article-{tag}.json"
     out.write_text(json.dumps(report, indent=2, allow_nan=False))
-    charts = draw_all(results, args.out_dir, tag, _describe(report))
+    charts = draw_all(results, args.out_dir, tag, describe(report))
     print(json.dumps(report["claims"], indent=2))
     print(f"wrote {out} and {', '.join(p.name for p in charts)}")
 
@@ -310,13 +310,6 @@ def _rate_value(rate: float) -> float | str:
 
 def _model_tag(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).stem if model.endswith(".gguf") else Path(model).name)
-
-
-def _describe(report: dict) -> str:
-    served_ = report["served"] or {}
-    return (
-        f"{report['model']} ({served_.get('dtype', '?')}), {report['cpu']}, {report['torch_threads']} threads"
-    )
 
 
 if __name__ == "__main__":

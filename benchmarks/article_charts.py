@@ -85,19 +85,22 @@ def _paging(rows: list[dict]):
 
 
 def _max_num_seqs(rows: list[dict]):
-    fig, axes = _figure(2)
+    fig, axes = _figure(3)
     x = [r["max_num_seqs"] for r in rows]
     axes[0].plot(x, [r["tokens_per_s"] for r in rows], "o-", color="#2a7")
     axes[0].set_ylabel("output tokens/s")
-    axes[1].plot(x, [r["e2e_p50_s"] for r in rows], "o-", label="end-to-end p50")
-    axes[1].plot(x, [r["e2e_p99_s"] for r in rows], "s--", label="end-to-end p99")
-    axes[1].plot(x, [1000 * r["itl_p99_s"] for r in rows], "^:", label="inter-token p99 (ms / 1000)")
-    axes[1].set_ylabel("seconds")
-    axes[1].legend(fontsize=7)
+    axes[1].plot(x, [r["e2e_p50_s"] for r in rows], "o-", label="p50")
+    axes[1].plot(x, [r["e2e_p99_s"] for r in rows], "s--", label="p99")
+    axes[1].set_ylabel("end-to-end latency (s)")
+    axes[2].plot(x, [1000 * r["itl_p50_s"] for r in rows], "o-", label="p50")
+    axes[2].plot(x, [1000 * r["itl_p99_s"] for r in rows], "s--", label="p99")
+    axes[2].set_ylabel("time between tokens (ms)")
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(x, [str(n) for n in x])
         ax.set_xlabel("max_num_seqs")
+    for ax in axes[1:]:
+        ax.legend(fontsize=7)
     return fig
 
 
@@ -134,3 +137,27 @@ def _block_size(rows: list[dict]):
 
 def _rate_label(rate: float | str) -> str:
     return "all" if isinstance(rate, str) else f"{rate:g}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Redraw the charts of an article JSON beside it: python -m benchmarks.article_charts <json>."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("json", type=Path)
+    args = parser.parse_args(argv)
+    report = json.loads(args.json.read_text())
+    tag = args.json.stem.removeprefix("article-")
+    for path in draw_all(report["results"], args.json.parent, tag, describe(report)):
+        print(f"wrote {path}")
+
+
+def describe(report: dict) -> str:
+    """The charts' subtitle: model, weight dtypes, CPU, threads."""
+    dtypes = ",".join((report.get("served") or {}).get("weight_bytes_by_dtype", {})) or "?"
+    return f"{report['model']} ({dtypes} weights), {report['cpu']}, {report['torch_threads']} torch threads"
+
+
+if __name__ == "__main__":
+    main()

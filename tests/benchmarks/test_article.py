@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import article_charts
 from benchmarks.arrival_replay import poisson_times, replay
 from benchmarks.workload import Job
 
@@ -53,6 +54,10 @@ def test_quick_run_on_the_tiny_model_writes_json_and_charts(tmp_path):
     lone = [r["lone"]["ttft_p50_s"] for r in results["max_wait_ms"]]
     assert lone[1] >= 0.05 > lone[0]  # a lone request waits out max_wait_ms (50) before its first step
     assert set(report["claims"]) and report["load_average_before"]
+    for png in out.glob("*.png"):  # the charts can be redrawn from the JSON alone
+        png.unlink()
+    article_charts.main([str(out / "article-tiny-quick.json")])
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(f"{c}-tiny-quick.png" for c in CHARTS)
 
 
 @dataclass
