@@ -214,6 +214,9 @@ def claims(results: dict) -> dict:
             "ttft_p50_ratio": by["static", rate]["ttft_p50_s"]
             / max(by["continuous", rate]["ttft_p50_s"], 1e-9),
             "e2e_p99_ratio": by["static", rate]["e2e_p99_s"] / max(by["continuous", rate]["e2e_p99_s"], 1e-9),
+            # Steps each needed for the same tokens: the throughput ratio were a step's cost the same at
+            # any batch (close on a GPU), and unaffected by a busy machine's changing speed.
+            "steps_ratio": by["static", rate]["steps"] / by["continuous", rate]["steps"],
         }
         for rate in rates
     }
@@ -231,6 +234,7 @@ def claims(results: dict) -> dict:
         "paged_vs_reserve_max at one KV budget (article: 2-4x throughput)": {
             "most_concurrent_seqs": [reserve["most_concurrent_seqs"], paged["most_concurrent_seqs"]],
             "throughput_ratio": paged["tokens_per_s"] / reserve["tokens_per_s"],
+            "steps_ratio": reserve["steps"] / paged["steps"],
         },
     }
 
