@@ -52,18 +52,19 @@ def _figure(ncols: int):
 
 
 def _batching(rows: list[dict]):
-    fig, axes = _figure(3)
+    fig, axes = _figure(4)
     for scheduling, color in (("continuous", "#2a7"), ("static", "#c63")):
         mine = [r for r in rows if r["scheduling"] == scheduling]
         x = range(len(mine))
         axes[0].plot(x, [r["tokens_per_s"] for r in mine], "o-", color=color, label=scheduling)
+        # Steps for the same tokens: what throughput would be at one step cost, whatever the machine's load.
+        axes[3].plot(x, [r["steps"] for r in mine], "o-", color=color, label=scheduling)
         for ax, metric in ((axes[1], "ttft"), (axes[2], "e2e")):
             ax.plot(x, [r[f"{metric}_p50_s"] for r in mine], "o-", color=color, label=f"{scheduling} p50")
             ax.plot(x, [r[f"{metric}_p99_s"] for r in mine], "s--", color=color, label=f"{scheduling} p99")
     labels = [_rate_label(r["rate"]) for r in rows if r["scheduling"] == "continuous"]
-    for ax, ylabel in zip(
-        axes, ("output tokens/s", "time to first token (s)", "end-to-end latency (s)"), strict=True
-    ):
+    ylabels = ("output tokens/s", "time to first token (s)", "end-to-end latency (s)", "steps (same tokens)")
+    for ax, ylabel in zip(axes, ylabels, strict=True):
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel("arrivals per second")
         ax.set_ylabel(ylabel)
@@ -72,7 +73,7 @@ def _batching(rows: list[dict]):
 
 
 def _paging(rows: list[dict]):
-    fig, axes = _figure(3)
+    fig, axes = _figure(4)
     names = [r["kv_allocation"] for r in rows]
     colors = ["#c63", "#2a7"][: len(rows)]
     axes[0].bar(names, [100 * r["kv_waste_mean"] for r in rows], color=colors)
@@ -81,6 +82,8 @@ def _paging(rows: list[dict]):
     axes[1].set_ylabel("most sequences at once")
     axes[2].bar(names, [r["tokens_per_s"] for r in rows], color=colors)
     axes[2].set_ylabel("output tokens/s")
+    axes[3].bar(names, [r["steps"] for r in rows], color=colors)
+    axes[3].set_ylabel("steps (same tokens)")
     return fig
 
 
