@@ -1,6 +1,6 @@
 """The batching and paging articles' claims, measured on one model, with charts (docs/operations.md, "Tuning").
 
-    CONVEYOR_CACHE=/work/dl python benchmarks/article.py        # SmolLM2-135M-Instruct: ~4 min on 2 quiet CPU cores
+    CONVEYOR_CACHE=/work/dl python benchmarks/article.py        # SmolLM2-135M-Instruct: ~8 min on 2 busy CPU cores
     python benchmarks/article.py --quick --model tiny           # every experiment at toy sizes, seconds
 
 Chat prompts (benchmarks/chat_workload.py) rendered with the model's template; greedy answers that end at
