@@ -12,6 +12,7 @@ import json
 import pytest
 
 from engine import LLMEngine, SamplingParams
+from engine.kv_sizing import bytes_per_user, kv_bytes_per_block
 
 
 def per_user_bytes(config: dict, tokens: int, block_size: int, dtype_bytes: int) -> int:
@@ -50,7 +51,14 @@ def test_the_rule_matches_the_pool_the_engine_allocates_and_fills(tiny_model_dir
     blocks = users * -(-tokens // block_size)
     engine, most = run_users(model_dir, users, tokens, block_size, blocks)
     pool = engine.runner.kv_pool
-    assert pool.numel() * pool.element_size() == users * per_user_bytes(config, tokens, block_size, 4)
+    rule = per_user_bytes(config, tokens, block_size, 4)
+    assert pool.numel() * pool.element_size() == users * rule
+    # The engine's own copy of the rule (engine/kv_sizing.py, what `conveyor plan` prints) agrees.
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    block = kv_bytes_per_block(
+        block_size, config["num_hidden_layers"], config["num_key_value_heads"], head_dim, 4
+    )
+    assert bytes_per_user(tokens, block_size, block) == rule
     assert most == users and engine.stats().num_preemptions == 0
     engine.close()
     short, most = run_users(model_dir, users, tokens, block_size, blocks - 1)
