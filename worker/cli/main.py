@@ -196,6 +196,7 @@ def worker(**kw: Any) -> None:
     from worker.cli.tiny_model import resolve_model
     from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
+    from worker.run import fault_injection
     from worker.run.consumer_lease import ConsumerNameTaken
     from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
     from worker.run.loop import Worker
@@ -252,19 +253,20 @@ def worker(**kw: Any) -> None:
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
+    hooks = fault_injection.from_env()  # tests only: NO_HOOKS unless armed
     w: Worker | LanesWorker
     if cfg.cluster:  # a lane per shard over this engine, each on its shard's master
         from worker.cluster.sharded_worker import ShardedWorker
 
-        w = ShardedWorker(engine, client, cfg)
+        w = ShardedWorker(engine, client, cfg, hooks=hooks)
     elif cfg.shard_count is not None:  # a lane per shard, all on this Redis
-        w = shards_on_one_redis(engine, client, cfg)
+        w = shards_on_one_redis(engine, client, cfg, hooks=hooks)
     elif layout is not None:  # a lane per priority level or per tenant, all on this Redis
         from worker.run.layout_worker import layout_worker
 
-        w = layout_worker(engine, client, cfg, layout, weights)
+        w = layout_worker(engine, client, cfg, layout, weights, hooks=hooks)
     else:
-        w = Worker(engine, client, cfg)
+        w = Worker(engine, client, cfg, hooks=hooks)
     if metrics is not None:
         metrics.serve(w.metrics.registry)
     heartbeat = registry_heartbeat(client, cfg, engine, name, w)

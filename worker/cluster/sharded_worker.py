@@ -25,6 +25,7 @@ from engine.client import EngineClient
 from worker.cluster.connect import shard_client
 from worker.config import WorkerConfig
 from worker.intake.lanes import cluster_shards
+from worker.run.hooks import NO_HOOKS, Hooks
 from worker.run.lanes_worker import LaneServers, LanesWorker, shares_policy
 from worker.run.observer import Observer
 from worker.wire.slot_following import MasterPool, ShardMoved
@@ -53,6 +54,7 @@ class ShardedWorker(LanesWorker):
         cluster: RedisCluster,
         cfg: WorkerConfig,
         observer: Observer | None = None,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         cfg = replace(cfg, cluster=True)  # sharded pub/sub (SPUBLISH, SSUBSCRIBE)
         shards = cfg.shard_count
@@ -60,4 +62,4 @@ class ShardedWorker(LanesWorker):
         lanes = cluster_shards(cfg.keys.prefix, shards, cfg.group)
         clients = [shard_client(cluster, lane.stream, fence_moves=True) for lane in lanes]
         policy = shares_policy(cfg, len(lanes))
-        super().__init__(engine, lanes, clients, cfg, policy, observer, ClusterFailover())
+        super().__init__(engine, lanes, clients, cfg, policy, observer, ClusterFailover(), hooks)

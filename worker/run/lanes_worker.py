@@ -42,6 +42,7 @@ from worker.intake.joint_wait import wait_on_lanes
 from worker.intake.lanes import Lane, cluster_shards
 from worker.intake.read_policy import ReadPolicy
 from worker.intake.read_shares import ReadShares
+from worker.run.hooks import NO_HOOKS, Hooks
 from worker.run.loop import Step, Worker
 from worker.run.metrics import Metrics
 from worker.run.node_rounds import NodeRounds
@@ -83,6 +84,7 @@ class LanesWorker:
         policy: ReadPolicy,
         observer: Observer | None = None,
         servers: LaneServers | None = None,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         """`clients[k]` holds lane k (the same client for every lane on one Redis); `policy` has one lane
         per lane. `cfg` is the worker's; each lane's Worker gets it with the lane's keys and group."""
@@ -94,6 +96,7 @@ class LanesWorker:
         self.stop = StopFlag(cfg.drain_timeout_s)
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
         self.servers = servers or LaneServers()
+        self.hooks = hooks
         self.policy = policy
         self.between_ticks: list[Callable[[], None]] = []
         # An idle cycle's joint wait (below) blocks at most this long: a hook in between_ticks that must
@@ -118,7 +121,7 @@ class LanesWorker:
     def _lane_worker(self, view, lane: Lane, client: redis.Redis) -> Worker:
         per_lane_block = max(1, self.cfg.block_ms // len(self.lanes))
         lane_cfg = replace(self.cfg, keys=lane.keys, group=lane.group, block_ms=per_lane_block)
-        worker = Worker(view, client, lane_cfg, self.observer, self.stop)
+        worker = Worker(view, client, lane_cfg, self.observer, self.stop, self.hooks)
         worker.accounts_steps = False  # the shared step is timed once, in tick()
         return worker
 
@@ -286,7 +289,11 @@ def _share_consumer_leases(workers: list[Worker]) -> None:
 
 
 def shards_on_one_redis(
-    engine: EngineClient, client: redis.Redis, cfg: WorkerConfig, observer: Observer | None = None
+    engine: EngineClient,
+    client: redis.Redis,
+    cfg: WorkerConfig,
+    observer: Observer | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> LanesWorker:
     """Protocol version 2's layout on one Redis (`conveyor worker --shards S` without --cluster): a lane
     per shard, all through `client`, read with the shards' policy."""
@@ -294,4 +301,5 @@ def shards_on_one_redis(
     if shards is None:
         raise ValueError("a sharded layout needs cfg.shards")
     lanes = cluster_shards(cfg.keys.prefix, shards, cfg.group)
-    return LanesWorker(engine, lanes, [client] * shards, cfg, shares_policy(cfg, shards), observer)
+    policy = shares_policy(cfg, shards)
+    return LanesWorker(engine, lanes, [client] * shards, cfg, policy, observer, hooks=hooks)

@@ -14,6 +14,7 @@ from engine.client import EngineClient
 from worker.config import WorkerConfig
 from worker.connection import with_retry
 from worker.intake.lane_layout import LaneLayout, read_policy, write_layout
+from worker.run.hooks import NO_HOOKS, Hooks
 from worker.run.lanes_worker import LanesWorker
 from worker.run.observer import Observer
 
@@ -25,11 +26,12 @@ def layout_worker(
     layout: LaneLayout,
     weights: Mapping[str, float] | None = None,
     observer: Observer | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> LanesWorker:
     """`weights`: tenant -> weight (tenant lanes; 'default' weighs the default lane; absent: 1)."""
     lanes = layout.lanes(cfg.keys, cfg.group)
     worker = LanesWorker(
-        engine, lanes, [client] * len(lanes), cfg, read_policy(layout, weights or {}), observer
+        engine, lanes, [client] * len(lanes), cfg, read_policy(layout, weights or {}), observer, hooks=hooks
     )
     if layout.open:  # tenants first seen at run time get lanes of their own (run/tenant_watch.py)
         from worker.run.tenant_watch import TenantWatch

@@ -44,11 +44,11 @@ from worker.job_path import JobPath
 from worker.publish.publisher import Publisher, plan_events
 from worker.recover.redis_health import RedisHealth
 from worker.recover.takeover_claim import Reclaimer
-from worker.run import fault_injection
 from worker.run.aborts import Aborter
 from worker.run.cancel_listener import CancelListener
 from worker.run.consumer_lease import ConsumerLease
 from worker.run.engine_room import engine_room
+from worker.run.hooks import NO_HOOKS, Hooks
 from worker.run.isolation import Isolation, add_refund
 from worker.run.job_lease import add_release, add_renewal
 from worker.run.metrics import Metrics
@@ -74,7 +74,6 @@ class Step(NamedTuple):
 class Stepped(NamedTuple):
     deltas: list[StepDelta]
     at: float  # time.perf_counter() when they were sampled
-    wall: float  # time.time() then
 
 
 class Worker:
@@ -85,9 +84,11 @@ class Worker:
         cfg: WorkerConfig,
         observer: Observer | None = None,
         stop: StopFlag | None = None,
+        hooks: Hooks = NO_HOOKS,
     ) -> None:
         self.engine, self.client, self.cfg = engine, no_resends(client), cfg
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
+        self.hooks = hooks  # tests' and benchmarks' view of each step (run/hooks.py)
         # Time its engine steps for accounting; off under a lanes worker, which times the shared step.
         self.accounts_steps = True
         # Shared by the lanes' workers of a lanes worker (run/lanes_worker.py).
@@ -108,15 +109,7 @@ class Worker:
         self.reclaimer = Reclaimer(cfg)
         self.trimmer = Trimmer(cfg.keys.requests)
         self.consumer_lease = ConsumerLease(client, cfg)
-        self.path = JobPath(
-            cfg,
-            engine,
-            self.inflight.get,
-            self._admitted,
-            self.observer.outcome,
-            self._readmit,
-            self.isolation,
-        )
+        self.path = JobPath(cfg, engine, self.observer)
         self.publisher = Publisher(self._lost, self._full, self.path.acknowledged, sharded_pubsub=cfg.cluster)
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
         self.backoff = Backoff()
@@ -203,9 +196,8 @@ class Worker:
         if step.busy and self.accounts_steps:
             self.observer.engine_stepped(at - began)
             self.credit(at - began, self.engine.step_tokens())
-        if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
-            fault_injection.kill_if_armed(deltas)
-        return Stepped(deltas, at, time.time())
+        self.hooks.stepped(deltas, time.time())
+        return Stepped(deltas, at)
 
     def credit(self, wall_s: float, tokens: dict[str, int]) -> None:
         """Each of our jobs' share of a step's wall time, by the tokens it computed among all the step's
@@ -219,13 +211,14 @@ class Worker:
         its commands, then the step's events (owed to the next round)."""
         self._refused_for_memory = False
         step.rnd.dispatch(self._results(step.rnd, future))
+        self._settle()
         if step.reads:
             self.policy.read_back(0, step.reads, len(self.arrived))
         self._reading = self._admitting = 0
         if self.health.is_full and not self._refused_for_memory:
             self.health.ok()
             self.backoff.reset()
-        self._publish(stepped.deltas, stepped.at, stepped.wall)
+        self._publish(stepped.deltas, stepped.at)
         self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine, step.busy)
 
     def has_work(self) -> bool:
@@ -324,6 +317,7 @@ class Worker:
         if rnd.sampled_at is not None and rnd.answered_at is not None:
             # Read on the I/O thread while the engine stepped: not when this loop got to look at it.
             self.observer.published(rnd.answered_at - rnd.sampled_at)
+            self.hooks.published(rnd.answered_at - rnd.sampled_at)
         if any(isinstance(r, redis.ResponseError) and str(r).startswith("NOGROUP") for r in results):
             self.reader.ensure_group()  # Redis restarted without persistence: the group is gone
         return results
@@ -333,10 +327,17 @@ class Worker:
         self._refused_for_memory = True
         self.health.full("step round", RuntimeError(message), self.backoff.first_s * 2**self.backoff.failures)
 
-    def _readmit(self, arrived: Arrived, error: Exception) -> None:
-        """Admission refused for lack of memory: the entry stays ours, admitted once Redis has room."""
-        self.arrived.append(arrived)
-        self._full(str(error))
+    def _settle(self) -> None:
+        """The jobs whose lookups were just answered: admitted, or what their decision owes is queued
+        (job_path.py). Refused for lack of memory: the entry stays ours, admitted once Redis has room."""
+        settled = self.path.settle(self.inflight, self.isolation, time.time() * 1000)
+        for job in settled.admitted:
+            self.observer.admitted(job)
+            log.debug("job admitted", request_id=job.job_id)
+            self.aborter.on_admitted(job)
+        for arrived, error in settled.full:
+            self.arrived.append(arrived)
+            self._full(str(error))
 
     # ---- intake ---------------------------------------------------------------------------------------
     def room(self) -> int:
@@ -357,12 +358,6 @@ class Worker:
             return
         self.reader.wait(room, self.arrived)
 
-    def _admitted(self, job: InFlight) -> None:
-        self.inflight[job.job_id] = job
-        self.observer.admitted(job)
-        log.debug("job admitted", request_id=job.job_id)
-        self.aborter.on_admitted(job)
-
     def _lost(self, job: InFlight) -> None:
         self.path.left(job)
         self.aborter.lost(job)
@@ -378,17 +373,15 @@ class Worker:
         rnd.add(lambda p: p.xinfo_groups(self.cfg.keys.requests), handle)
 
     # ---- publish --------------------------------------------------------------------------------------
-    def _publish(self, deltas, sampled_at: float, sampled_wall: float) -> None:
+    def _publish(self, deltas, sampled_at: float) -> None:
         if not deltas:
             return
         now_ms = time.time() * 1000
-        plan = plan_events(deltas, self.inflight, self.cfg, now_ms, sampled_wall)
+        plan = plan_events(deltas, self.inflight, self.cfg, now_ms)
         for job_id in plan.forget:
             self.inflight.pop(job_id, None)
         for job in plan.first_tokens:
             self.observer.first_token(job, now_ms)
-        for trace in plan.traces:
-            self.observer.token_event(trace)
         if plan.has_tokens:
             self._events_sampled_at = sampled_at
         for job in plan.done:
