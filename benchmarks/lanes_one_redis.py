@@ -1,5 +1,5 @@
 """What the lanes worker costs on one Redis: the same jobs through one stream (protocol version 1, `Worker`)
-and through S shards of the same Redis (`shards_on_one_redis`), interleaved, in one run.
+and through S shards of the same Redis (`run/build.py`), interleaved, in one run.
 
     python benchmarks/lanes_one_redis.py --shards 4 --jobs 1500 --runs 2
 
@@ -27,7 +27,7 @@ from worker.cluster.shard_keys import ShardedKeys  # noqa: E402
 from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.keys import EVENT_FIELD, Keys  # noqa: E402
-from worker.run.lanes_worker import shards_on_one_redis  # noqa: E402
+from worker.run.build import build  # noqa: E402
 from worker.run.loop import Worker  # noqa: E402
 from worker.shard_choice import choose_shard  # noqa: E402
 
@@ -44,11 +44,7 @@ def one_run(url: str, shards: int | None, jobs: int, max_tokens: int) -> float:
             enqueue_sharded(r, job, sharded)
     engine = FakeEngine(max_num_seqs=64, step_s=0.0)
     cfg = WorkerConfig(group="bench", consumer="w", shards=shards)
-    worker = (
-        Worker(engine, connect(url), cfg)
-        if sharded is None
-        else shards_on_one_redis(engine, connect(url), cfg)
-    )
+    worker = Worker(engine, connect(url), cfg) if sharded is None else build(engine, connect(url), cfg)
     last = f"j{jobs - 1}"
     out = (Keys() if sharded is None else sharded.shard(choose_shard({"id": last}, shards or 1))).out(last)
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""One round trip per Redis node for a cycle's rounds, instead of one per lane (run/lanes_worker.py).
+"""One round trip per Redis node for a tick's rounds, instead of one per lane (run/loop.py).
 
 In a cycle every lane's Worker builds its step's round (in a cluster, one MULTI/EXEC on its shard's slot).
 Lanes on the same Redis (every lane, on one Redis; in a cluster, shards whose slots share a master) go

@@ -49,7 +49,8 @@ def events(r, job_id: str) -> list[dict]:
 
 def close(worker: Worker) -> None:
     """Stop without the shutdown round: as if the process had died."""
-    worker.cancels.stop()
+    worker.lanes[0].cancels.stop()
+    worker.nodes.close()
     worker.io.shutdown(wait=True)
 
 
@@ -111,7 +112,7 @@ def test_a_flushed_script_cache_is_reloaded_and_nothing_is_lost(redis_server, r)
         r.script_flush()
         tick_until(worker, lambda: events(r, "f")[-1]["type"] == "done", "the terminal event")
         tokens = [e["index"] for e in events(r, "f") if e["type"] == "token"]
-        assert tokens == list(range(12)) and "f" not in worker.inflight
+        assert tokens == list(range(12)) and "f" not in worker.lanes[0].inflight
         assert not r.xpending(K.requests, "test")["pending"]
     finally:
         close(worker)
