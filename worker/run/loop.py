@@ -199,7 +199,8 @@ class Worker:
             hook()
         policy = self.policy
         n = len(self.lanes)
-        room = self.room_left()
+        capacity = engine_room(self.engine, self.engine.stats())  # once a tick: stats() is not free
+        room = self.room_left(capacity)
         wait = not self._has_work(room, policy)
         if wait and not self.stop.warm.is_set() and n > 1 and self._wait_together(room, policy):
             # The same lane leads the next tick: only the lane leading a tick has room left to claim
@@ -221,12 +222,12 @@ class Worker:
                     if self.engine.has_unfinished_requests() or lane.has_work():
                         wait = False
                     else:
-                        lane.wait(_capped(self.room_left(), policy.idle_cap(k)))
+                        lane.wait(_capped(self.room_left(capacity), policy.idle_cap(k)))
                         wait = not lane.has_work()
                         if lane.arrived:
                             policy.idle_read(k, len(lane.arrived))
                         continue
-                step = lane.build(self.room_left(), shares[k])
+                step = lane.build(self.room_left(capacity), shares[k])
             except self.servers.moved_errors as moved:  # while waiting idle
                 self.restart_lane(k, moved)
                 continue
@@ -291,11 +292,12 @@ class Worker:
                         if leaving[delta.request_id] <= 0:
                             del leaving[delta.request_id]
 
-    def room_left(self) -> int:
-        """Jobs the engine can start now (free sequence slots, and KV blocks at the current per-job use),
-        less those on their way in through every lane."""
-        reserved = sum(lane.reserved() for lane in self.lanes)
-        return max(0, engine_room(self.engine, self.engine.stats()) - reserved)
+    def room_left(self, capacity: int | None = None) -> int:
+        """Jobs the engine can start now (`capacity`: free sequence slots, and KV blocks at the current
+        per-job use; read from the engine when not given), less those on their way in through every lane."""
+        if capacity is None:
+            capacity = engine_room(self.engine, self.engine.stats())
+        return max(0, capacity - sum(lane.reserved() for lane in self.lanes))
 
     def _has_work(self, room: int, policy: ReadPolicy) -> bool:
         """Whether any lane has a step or a round to do this tick, or a backlog to read (a hungry lane, and
