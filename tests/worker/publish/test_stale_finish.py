@@ -66,7 +66,9 @@ def test_stale_worker_loses_the_terminal_write_and_leaves_the_entry_pending(redi
         a.lanes[0].aborter.abort(a.lanes[0].inflight["j"], "cancel")
         tick_until(a, lambda: "j" not in a.lanes[0].inflight, "terminal event queued")
         written_by_a = len(events(r, "j"))
-        assert events(r, "j")[-1]["type"] == "token" and a.lanes[0].publisher.owed, "A's terminal is not sent yet"
+        assert events(r, "j")[-1]["type"] == "token" and a.lanes[0].publisher.owed, (
+            "A's terminal is not sent yet"
+        )
 
         wait_until(
             lambda: lease_lapsed(r, "j"), 10, "A's lease to lapse: its owner key and pending idle time"
