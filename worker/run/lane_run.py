@@ -342,9 +342,9 @@ class LaneRun:
         self.arrived.extend(self.reader.own_pending())
 
     # ---- shutdown -------------------------------------------------------------------------------------
-    def shutdown(self, io: ThreadPoolExecutor, redis_lost: bool) -> None:
+    def shutdown(self, io: ThreadPoolExecutor, redis_lost: bool) -> int:
         """Write what is owed and release the jobs left (unless Redis is lost: then write nothing more).
-        Safe on a lane that never started."""
+        Safe on a lane that never started. Returns the entries it leaves unacknowledged."""
         # The loop has ended: the drain's cut-off is for a loop stuck in a read, not for the last write.
         self.stop.forget(self._cut_off)
         left = [j for j in self.inflight.values() if not j.dropped]
@@ -367,6 +367,7 @@ class LaneRun:
         # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
         unacked = len(left) + len(self.arrived) + self._admitting
         log.info("lane stopped", stream=self.stream, left_unacknowledged=unacked)
+        return unacked
 
     def _last_write(self, io: ThreadPoolExecutor, rnd: Round) -> None:
         def write() -> None:

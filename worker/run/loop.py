@@ -342,16 +342,17 @@ class Worker:
         """Each lane writes what is owed and releases its jobs left (unless Redis is lost: then nothing
         more is written). Safe on a worker that never started."""
         self.nodes.close()
+        unacked = 0
         for lane in self.lanes:
             try:
                 # A lane never started writes nothing; one whose Redis is lost writes nothing more.
-                lane.shutdown(self.io, redis_lost or not lane.started)
+                unacked += lane.shutdown(self.io, redis_lost or not lane.started)
             except self.servers.moved_errors:  # jobs left pending on the new server, for whoever reads
                 log.warning("lane's server moved while stopping", stream=lane.stream)
         if self._started:
             gc.unfreeze()
         self.io.shutdown(wait=True)
-        log.info("worker stopped")
+        log.info("worker stopped", left_unacknowledged=unacked)
 
 
 def _capped(room: int, cap: int | None) -> int:
