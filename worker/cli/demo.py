@@ -57,7 +57,7 @@ def run_demo(
 ) -> None:
     """With `cluster`, the URL is a Redis Cluster node (or a local 3-master cluster is started) and the jobs
     go through protocol version 2's shards to a worker with a lane per shard; with `shards` alone, through that many
-    shards of one Redis to a lanes worker."""
+    shards of one Redis to a worker with a lane per shard."""
     from engine import LLMEngine
     from worker.cli import logs
 
