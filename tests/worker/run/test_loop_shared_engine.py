@@ -81,13 +81,13 @@ def test_the_same_id_from_two_lanes_is_refused():
 
 
 def test_a_restarted_lane_reads_again_only_once_its_jobs_left_the_engine():
-    w = worker(2, FakeEngine(step_s=0))
+    w = worker(1, FakeEngine(step_s=0))  # no other lane's round: the tick steps for the leaving jobs alone
     run(w, 0, "x", n=2)
     resumed: list[int] = []
     w.lanes[0].resume_pending = lambda: resumed.append(0)  # type: ignore[method-assign]
     w.restart_lane(0, RuntimeError("moved"))
     assert w.lanes[0].inflight == {} and resumed == []  # x's aborted samples are still in the engine
     assert w._leaving == {0: {"x": 2}}
-    w.tick()  # steps the engine for them though no lane runs a job; nobody publishes them
+    w.tick()  # steps the engine for them though no lane builds a round; nobody publishes them
     assert resumed == [0] and w._leaving == {} and not w.engine.has_unfinished_requests()
     w.shutdown()
