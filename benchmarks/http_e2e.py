@@ -193,17 +193,16 @@ def http_clients(base: str, requests: list[tuple[str, dict]], clients: int, read
 
 def start_worker(args, url: str, keys: Keys):
     from worker.cli.main import registry_heartbeat
+    from worker.run.hooks import Tracer
     from worker.run.loop import Worker
-    from worker.run.metrics import Metrics
-    from worker.run.observer import Tracer
 
     engine = make_engine(args)
     warm_up(engine, args.workload)
     client = connect(url)
     cfg = WorkerConfig(group=MODEL, consumer="bench-1", keys=keys)
-    tracer = Tracer(Metrics({"consumer": "bench-1"}))
-    worker = Worker(engine, client, cfg, observer=tracer)
-    tracer.heartbeat = registry_heartbeat(client, cfg, engine, args.model, worker)
+    tracer = Tracer()
+    worker = Worker(engine, client, cfg, hooks=tracer)
+    worker.observer.heartbeat = registry_heartbeat(client, cfg, engine, args.model, worker)
 
     def run() -> None:
         # This thread only: the processes that measure (started by the main thread) keep their priority.

@@ -5,7 +5,7 @@
     python benchmarks/lanes_fairness.py --quick --out /tmp/l.json  # a flood of 8, 2 tokens: checks it runs
 
 Two scenarios, each run twice on the same engine settings (a Worker on one stream, then a lanes worker,
-run/layout_worker.py), on a redis-server of its own:
+run/build.py), on a redis-server of its own:
 - priority: `--flood` jobs of priority 10 queued, then one of priority 0: that job's time from enqueue
   to done (total_ms), with `--priority-lanes 0,10` against one stream;
 - tenants: tenant a queues `--flood` jobs, then tenant b 20: b's time to first token (mean, max) and to
@@ -34,8 +34,7 @@ from worker.config import WorkerConfig  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.intake.lane_layout import priority_layout, tenant_layout  # noqa: E402
 from worker.keys import Keys  # noqa: E402
-from worker.run.layout_worker import layout_worker  # noqa: E402
-from worker.run.loop import Worker  # noqa: E402
+from worker.run.build import build  # noqa: E402
 
 KEYS = Keys()
 
@@ -59,7 +58,7 @@ def serve(args, url: str, layout, jobs_first: list[dict], jobs_then: list[dict],
     client.flushall()
     engine = LLMEngine(args.model, max_num_seqs=args.batch, num_kv_blocks=256, max_num_batched_tokens=512)
     cfg = WorkerConfig(group="bench", consumer="b1", lease_ms=3000)
-    worker = layout_worker(engine, client, cfg, layout, weights) if layout else Worker(engine, client, cfg)
+    worker = build(engine, client, cfg, layout, weights)
     for j in jobs_first:
         enqueue(client, j, KEYS)
     thread = threading.Thread(target=worker.run, daemon=True)

@@ -116,17 +116,16 @@ def consume(url: str, prefix: str, ids: list[str], ready, result) -> None:
 
 
 def run_redis(args, url: str) -> dict:
+    from worker.run.hooks import Tracer
     from worker.run.loop import Worker
-    from worker.run.metrics import Metrics
-    from worker.run.observer import Tracer
 
     engine = make_engine(args)
     warm_up(engine, args.workload)
     prefix = f"bench-{os.getpid()}-{int(time.time())}"
     keys = Keys(prefix)
-    tracer = Tracer(Metrics({"consumer": "bench-1"}))
+    tracer = Tracer()
     cfg = WorkerConfig(group="bench", consumer="bench-1", keys=keys)
-    worker = Worker(engine, connect(url), cfg, observer=tracer)
+    worker = Worker(engine, connect(url), cfg, hooks=tracer)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     ids = [f"b{k}" for k in range(len(args.workload))]

@@ -11,7 +11,7 @@ CPU went (INFO cpu, INFO commandstats, INFO stats, before and after, masters and
 Workers run the stub engine of the tests (tests/helpers/worker_fakes.FakeEngine: a token per job per
 step, with `--step-ms 0` as fast as the worker can publish), `--max-num-seqs` jobs per step each, jobs
 of mixed lengths (--max-tokens on average; `--fixed-length` for all equal), in
-separate processes; the single-Redis run uses `Worker`, the cluster run `ShardedWorker` over `--shards`
+separate processes; the single-Redis run uses `Worker`, the cluster run a lane per shard over `--shards`
 shards. The shards' slots are first moved so that every master holds as many shards as the others (+-1;
 local_cluster.spread_shards): with N shards only N slots carry the load, and the cluster's even slot
 ranges put 8 shards 2/2/4 and 6 shards 1/1/4 (`--no-spread` keeps that; the busiest master's share of
@@ -72,7 +72,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def serve(
     url: str, cluster: bool, shards: int, consumer: str, max_num_seqs: int, step_s: float, stop
 ) -> None:
-    """One worker process: the stub engine behind Worker or ShardedWorker, until `stop` is set."""
+    """One worker process: the stub engine behind the Worker, until `stop` is set."""
     import threading
 
     import structlog
@@ -84,9 +84,9 @@ def serve(
     engine = FakeEngine(max_num_seqs=max_num_seqs, step_s=step_s)
     cfg = WorkerConfig(group=GROUP, consumer=consumer, cluster=cluster, shards=shards, block_ms=200)
     if cluster:
-        from worker.cluster.sharded_worker import ShardedWorker
+        from worker.run.build import build
 
-        worker = ShardedWorker(engine, connect_cluster(url), cfg)
+        worker = build(engine, connect_cluster(url), cfg)
     else:
         from worker.run.loop import Worker
 

@@ -12,8 +12,8 @@ from worker.cluster import local_cluster
 from worker.cluster.client import ClusterClient
 from worker.cluster.connect import connect_cluster
 from worker.cluster.shard_keys import ShardedKeys
-from worker.cluster.sharded_worker import ShardedWorker
 from worker.config import WorkerConfig
+from worker.run.build import build
 
 SHARDS = 8
 
@@ -39,7 +39,7 @@ def client(cluster):
 
 @contextmanager
 def sharded_worker(engine, url: str, consumer: str, **overrides):
-    """A ShardedWorker on a thread; drained on exit."""
+    """A worker with a lane per shard on a thread; drained on exit."""
     cfg = WorkerConfig(
         **{
             "group": "test",
@@ -50,7 +50,7 @@ def sharded_worker(engine, url: str, consumer: str, **overrides):
             **overrides,
         }
     )
-    with on_a_thread(ShardedWorker(engine, connect_cluster(url), cfg)) as worker:
+    with on_a_thread(build(engine, connect_cluster(url), cfg)) as worker:
         yield worker
 
 

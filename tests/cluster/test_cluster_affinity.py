@@ -12,12 +12,12 @@ from tests.cluster.conftest import SHARDS
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_fakes import FakeEngine, on_a_thread
 from worker.cluster.connect import connect_cluster
-from worker.cluster.sharded_worker import ShardedWorker
 from worker.config import WorkerConfig
 from worker.fleet.heartbeat import Heartbeat
 from worker.fleet.home_shards import home_shards
 from worker.fleet.home_watch import use_home_shards
 from worker.keys import JOB_FIELD, Keys
+from worker.run.build import build
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -34,7 +34,7 @@ def affinity_worker(engine, url: str, consumer: str):
         registry_interval_s=0.2,
     )
     rc = connect_cluster(url)
-    w = ShardedWorker(engine, rc, cfg)
+    w = build(engine, rc, cfg)
     streams = [lane.stream for lane in w.lanes]
     w.observer.heartbeat = Heartbeat(
         rc, Keys(), consumer=consumer, model="fake", group="test", streams=streams, max_model_len=512,

@@ -148,17 +148,17 @@ def test_no_shard_blocks_on_its_stream_while_another_has_work(cluster, client):
     """Jobs on one shard only: while they are read, admitted and run, the 7 idle shards do not block on
     their streams in turn (each such wait is a round trip, and ~100 ms on an empty stream at Redis's
     default hz), they ride along in the cycle's rounds."""
-    from worker.cluster.sharded_worker import ShardedWorker
     from worker.config import WorkerConfig
+    from worker.run.build import build
 
     engine = FakeEngine(max_num_seqs=8)
     cfg = WorkerConfig(group="test", consumer="w1", lease_ms=3000, cluster=True, shards=SHARDS)
-    worker = ShardedWorker(engine, connect_cluster(cluster.url), cfg)
+    worker = build(engine, connect_cluster(cluster.url), cfg)
     blocked_with_work: list[int] = []
-    for k, shard_worker in enumerate(worker.workers):
+    for k, shard_worker in enumerate(worker.lanes):
 
         def wait(room, arrived, k=k, original=shard_worker.reader.wait):
-            if engine.has_unfinished_requests() or any(w.inflight or w.arrived for w in worker.workers):
+            if engine.has_unfinished_requests() or any(w.inflight or w.arrived for w in worker.lanes):
                 blocked_with_work.append(k)
             return original(room, arrived)
 

@@ -17,9 +17,9 @@ from worker.cluster import local_cluster
 from worker.cluster.client import ClusterClient
 from worker.cluster.connect import connect_cluster
 from worker.cluster.shard_keys import ShardedKeys
-from worker.cluster.sharded_worker import ShardedWorker
 from worker.config import WorkerConfig
 from worker.connection import TlsOptions
+from worker.run.build import build
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -60,7 +60,7 @@ def test_jobs_run_over_tls_on_every_shard(tls_cluster):
     engine = FakeEngine()
     cfg = WorkerConfig(group="test", consumer="w1", lease_ms=3000, cluster=True, shards=SHARDS)
     try:
-        with on_a_thread(ShardedWorker(engine, connect_cluster(url, tls), cfg)) as worker:
+        with on_a_thread(build(engine, connect_cluster(url, tls), cfg)) as worker:
             placed = {
                 f"t{i}": client.submit({"id": f"t{i}", "prompt": f"p{i}", "max_tokens": 3}) for i in range(16)
             }
@@ -68,7 +68,7 @@ def test_jobs_run_over_tls_on_every_shard(tls_cluster):
                 events = client.collect(job_id, shard, timeout_s=30)
                 assert events[-1]["type"] == "done"
                 assert events[-1]["text"] == engine.expected_text(f"p{job_id[1:]}", 3)
-            pools = [w.client.connection_pool for w in worker.workers]
+            pools = [w.client.connection_pool for w in worker.lanes]
             assert all(issubclass(p.connection_class, redis.SSLConnection) for p in pools)
             assert {p.connection_kwargs["port"] for p in pools} <= tls_port_set  # TLS ports only
     finally:

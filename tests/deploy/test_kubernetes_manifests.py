@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from worker.keys import Keys
-from worker.run.loop import LAST_WRITE_S
+from worker.run.lane_run import LAST_WRITE_S
 from worker.run.stop import CUT_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -190,7 +190,7 @@ def blocked_clients(client) -> int:
 
 @contextmanager
 def on_a_thread(worker):
-    """Run a Worker (or ShardedWorker) on a thread; warm-stopped (drained) on exit, which must end it."""
+    """Run a Worker on a thread; warm-stopped (drained) on exit, which must end it."""
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

@@ -1,7 +1,7 @@
 """The docs state what the code does (issue 20, item 7): the limits on stop strings, stop token ids and n
 are read from SamplingParams; without priority lanes `priority` orders only the jobs a worker has taken,
 never the backlog in Redis, which the worker reads in entry order (shown with a worker that has room for
-one job at a time; with priority lanes: tests/worker/run/test_layout_worker.py)."""
+one job at a time; with priority lanes: tests/worker/run/test_build.py)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ S = Stage
 def make_worker(url: str) -> tuple[Worker, dict[str | bytes, list[Stage]]]:
     worker = Worker(FakeEngine(step_s=0), connect(url), WorkerConfig(group="test", consumer="w", block_ms=20))
     trail: dict[str | bytes, list[Stage]] = {}
-    worker.path.on_stage = lambda name, stage: trail.setdefault(name, []).append(stage)
+    worker.lanes[0].path.on_stage = lambda name, stage: trail.setdefault(name, []).append(stage)
     worker.start()
     return worker, trail
 

@@ -56,8 +56,8 @@ def run_demo(
     replicas: int = 0,
 ) -> None:
     """With `cluster`, the URL is a Redis Cluster node (or a local 3-master cluster is started) and the jobs
-    go through protocol version 2's shards to a ShardedWorker; with `shards` alone, through that many
-    shards of one Redis to a lanes worker."""
+    go through protocol version 2's shards to a worker with a lane per shard; with `shards` alone, through that many
+    shards of one Redis to a worker with a lane per shard."""
     from engine import LLMEngine
     from worker.cli import logs
 
@@ -114,8 +114,7 @@ def model_line(spec: str) -> str:
 def _on_one_redis(
     stack: ExitStack, redis_url: str, engine, keys: Keys, shards: int | None
 ) -> tuple[JobQueue, Any]:
-    from worker.run.lanes_worker import shards_on_one_redis
-    from worker.run.loop import Worker
+    from worker.run.build import build
 
     if not local_redis.answers(redis_url):
         server = local_redis.start()
@@ -127,10 +126,12 @@ def _on_one_redis(
     client = connect(redis_url)
     stack.callback(_delete_demo_keys, client, keys.prefix)
     cfg = WorkerConfig(group="demo", consumer="demo-worker", keys=keys, shards=shards)
-    if shards is not None:
-        queue = ShardedQueue(client, ShardedKeys(keys.prefix, shards))
-        return queue, shards_on_one_redis(engine, connect(redis_url), cfg)
-    return SingleQueue(client, keys), Worker(engine, connect(redis_url), cfg)
+    queue = (
+        SingleQueue(client, keys)
+        if shards is None
+        else ShardedQueue(client, ShardedKeys(keys.prefix, shards))
+    )
+    return queue, build(engine, connect(redis_url), cfg)
 
 
 def _on_a_cluster(
@@ -139,7 +140,7 @@ def _on_a_cluster(
     from worker.cluster import local_cluster
     from worker.cluster.client import ClusterClient
     from worker.cluster.connect import connect_cluster
-    from worker.cluster.sharded_worker import ShardedWorker
+    from worker.run.build import build
 
     if not local_redis.answers(redis_url):
         folder = Path(tempfile.mkdtemp(prefix="conveyor-demo-cluster-"))
@@ -163,7 +164,7 @@ def _on_a_cluster(
         cluster=True,
         shards=sharded.shards,
     )
-    return client, ShardedWorker(engine, connect_cluster(redis_url), cfg)
+    return client, build(engine, connect_cluster(redis_url), cfg)
 
 
 def _delete_demo_keys(client, prefix: str) -> None:

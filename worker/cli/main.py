@@ -187,9 +187,9 @@ def worker(**kw: Any) -> None:
     from worker.cli.tiny_model import resolve_model
     from worker.cluster.shard_keys import ShardedKeys
     from worker.keys import group_name
+    from worker.run import fault_injection
+    from worker.run.build import build
     from worker.run.consumer_lease import ConsumerNameTaken
-    from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
-    from worker.run.loop import Worker
 
     logs.configure(kw.pop("log_level"))
     if nice := kw.pop("nice"):  # first: every thread and process the worker starts inherits it
@@ -243,19 +243,8 @@ def worker(**kw: Any) -> None:
         limits=Limits(**pop_config_kwargs(Limits, kw)),
         **pop_config_kwargs(WorkerConfig, kw, exclude=WORKER_FIELDS_NOT_OPTIONS),
     )
-    w: Worker | LanesWorker
-    if cfg.cluster:  # a lane per shard over this engine, each on its shard's master
-        from worker.cluster.sharded_worker import ShardedWorker
-
-        w = ShardedWorker(engine, client, cfg)
-    elif cfg.shard_count is not None:  # a lane per shard, all on this Redis
-        w = shards_on_one_redis(engine, client, cfg)
-    elif layout is not None:  # a lane per priority level or per tenant, all on this Redis
-        from worker.run.layout_worker import layout_worker
-
-        w = layout_worker(engine, client, cfg, layout, weights)
-    else:
-        w = Worker(engine, client, cfg)
+    hooks = fault_injection.from_env()  # tests only: NO_HOOKS unless armed
+    w = build(engine, client, cfg, layout, weights, hooks=hooks)  # its lanes, clients and read policy
     if metrics is not None:
         metrics.serve(w.metrics.registry)
     heartbeat = registry_heartbeat(client, cfg, engine, name, w)
@@ -263,14 +252,13 @@ def worker(**kw: Any) -> None:
     if cfg.affinity:  # home shards first (docs/operations.md, "Prefix affinity")
         from worker.fleet.home_watch import use_home_shards
 
-        assert isinstance(w, LanesWorker)  # cfg checked: affinity needs shards
         use_home_shards(w, client, cfg, heartbeat)
     # Handlers only set a flag; the loop does the rest between steps.
     signal.signal(signal.SIGTERM, lambda *_: w.stop.request())
     signal.signal(signal.SIGINT, lambda *_: w.stop.request())
     try:
         w.run()
-        if getattr(w, "refused", None) is not None:  # Redis refused a command: logged once, exit non-zero
+        if w.refused is not None:  # Redis refused a command: logged once, exit non-zero
             raise SystemExit(1)
     except redis.AuthenticationError as exc:
         raise click.ClickException(f"Redis refused the credentials in --redis-url: {exc}") from exc
@@ -290,8 +278,7 @@ def registry_heartbeat(client, cfg: WorkerConfig, engine, model: str, w):
     from worker.keys import group_name
     from worker.run.engine_room import engine_room
 
-    # A lanes worker (shards, cluster) runs a Worker per lane: each reads its lane's stream.
-    streams = [lane.cfg.keys.requests for lane in getattr(w, "workers", [w])]
+    streams = [lane.stream for lane in w.lanes]
     heartbeat = Heartbeat(
         client,
         cfg.keys,

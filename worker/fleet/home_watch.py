@@ -9,13 +9,14 @@ its shards: with the defaults (2 s heartbeats, 15 s leases) well within one leas
 are still read by the others (HomeFirst's stealing and patience), and its jobs are taken over as always
 (XAUTOCLAIM past the lease, by every worker reading the shard).
 
-Runs on the loop's thread between ticks (LanesWorker.between_ticks): the policy is only touched there.
+Runs on the loop's thread between ticks (Worker.between_ticks): the policy is only touched there.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
@@ -26,8 +27,10 @@ from worker.fleet.heartbeat import Heartbeat
 from worker.fleet.home_shards import home_shards
 from worker.intake.home_first import HomeFirst
 from worker.keys import Keys
-from worker.run.lanes_worker import LanesWorker
 from worker.run.metrics import Metrics
+
+if TYPE_CHECKING:
+    from worker.run.loop import Worker
 
 log = structlog.get_logger("conveyor.worker")
 # Rounds with room a non-home shard may go unread while the home shards have work: rare probes keep it
@@ -158,9 +161,7 @@ def group_lag(reply, group: str) -> int:
     return 0
 
 
-def use_home_shards(
-    w: LanesWorker, client, cfg: WorkerConfig, heartbeat: Heartbeat | None = None
-) -> HomeWatch:
+def use_home_shards(w: Worker, client, cfg: WorkerConfig, heartbeat: Heartbeat | None = None) -> HomeWatch:
     """`--affinity`: read `w`'s lanes (a lane per shard) with HomeFirst, its home set kept current between
     ticks. Until the first refresh (at the first tick) every shard is home."""
     lanes = len(w.lanes)

@@ -1,6 +1,6 @@
 """An idle worker's wait on several lanes of one Redis: one blocking XREADGROUP over all their streams.
 
-A lanes worker idle on every lane (run/lanes_worker.py) would otherwise block on each lane's stream in
+A worker idle on every lane (run/loop.py) would otherwise block on each lane's stream in
 turn for block_ms / lanes: on Redis 7.0 at hz 10 a short BLOCK lasts ~100 ms at least, so a job arriving
 on the lane just passed waits up to (lanes - 1) x 100 ms (8 shards: ~0.8 s). When the lanes share one
 client (one Redis), one group and one consumer name, XREADGROUP takes them all at once and returns as soon

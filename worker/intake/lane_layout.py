@@ -178,7 +178,7 @@ async def read_layout_async(client: Any, keys: Keys) -> LaneLayout | None:
 
 
 def write_layout(client: Any, keys: Keys, layout: LaneLayout) -> None:
-    """At a lanes worker's start: every worker with the same options writes the same bytes."""
+    """At the start of a worker with lanes: every worker with the same options writes the same bytes."""
     client.set(keys.lane_layout, layout.model_dump_json())
 
 

@@ -14,9 +14,9 @@ A lane is where jobs wait: a stream, the group its workers read it through, and 
 
 A stream per served model is `single_stream` under that model's stream name; home shards with stealing
 are `cluster_shards` (or `split_stream`) read with HomeFirst. `cluster_shards` is also the layout of
-`--shards` on one Redis. Each lane is read by its own `Worker` (run/loop.py) with the lane's keys; the
-workers of several lanes share one engine and one write per Redis server each cycle (run/lanes_worker.py,
-run/shared_engine.py, run/node_rounds.py).
+`--shards` on one Redis. The one loop (run/loop.py) reads every lane of a worker, each with its own keys
+and state (run/lane_run.py), over one engine and one write per Redis server each tick
+(run/node_rounds.py); run/build.py builds a worker's lanes from its config.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ class ReadPolicy(ABC):
     """The contract every policy keeps (`shares` enforces the first two for the policies that opt in):
 
     1. Never more than the room. The reads of one round together take at most `room` entries (the
-       jobs the engine can start now, less those on their way in: Worker.room, Worker.reserved).
+       jobs the engine can start now, less those on their way in: Worker.room_left, LaneRun.reserved).
        `shares(room)` returns per lane a cap >= 0 and <= room, and the worker reads its lanes in the
        cycle's order, each capped by its share and by what the lanes before it left of the room
-       (Worker.begin), so the rounds of one cycle, built before any is answered, cannot together start
+       (Worker.tick), so the rounds of one tick, built before any is answered, cannot together start
        more than the engine has room for. Policies here split exactly (the caps sum to at most `room`).
     2. Never starves a lane forever. A lane with entries waiting is given a share > 0 within a bounded
        number of rounds that have room, however much work the other lanes have. With `patience` set, the

@@ -29,7 +29,6 @@ from worker.config import WorkerConfig
 from worker.fleet.accounting import field_suffix
 from worker.keys import EVENT_FIELD
 from worker.publish.event_payloads import done_event, error_event, token_event
-from worker.run.observer import TokenTrace
 from worker.wire.job_record import InFlight, SampleEnd
 from worker.wire.lua_script import Script
 from worker.wire.round import Round
@@ -141,13 +140,10 @@ class EventPlan:
     done: list[InFlight] = field(default_factory=list)  # terminal event queued: forget after writing
     forget: list[str] = field(default_factory=list)  # dropped jobs whose samples all ended: forget now
     first_tokens: list[InFlight] = field(default_factory=list)  # jobs whose first token is in this plan
-    traces: list[TokenTrace] = field(default_factory=list)
     has_tokens: bool = False
 
 
-def plan_events(
-    deltas, inflight: dict[str, InFlight], cfg: WorkerConfig, now_ms: float, sampled_wall: float
-) -> EventPlan:
+def plan_events(deltas, inflight: dict[str, InFlight], cfg: WorkerConfig, now_ms: float) -> EventPlan:
     """Token events per job (in delta order), a terminal event for each job whose samples have all ended.
 
     Writes nothing anywhere but into the plan and the jobs' own records (finished samples, first-token
@@ -171,7 +167,6 @@ def plan_events(
             continue
         if delta.new_token_ids or delta.text_delta:
             by_job.setdefault(job.job_id, []).append(token_event(delta, job.n))
-            plan.traces.append(TokenTrace(job.job_id, delta.sample_index, delta.first_index, sampled_wall))
             if job.first_token_ms is None and delta.new_token_ids:
                 job.first_token_ms = now_ms
                 plan.first_tokens.append(job)

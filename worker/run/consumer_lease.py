@@ -71,7 +71,7 @@ class ConsumerLease:
 
     def _take(self) -> bool:
         """The name is free (now ours), or already held with our token: by a sibling lane of this process
-        that shares this lease key (run/lanes_worker.py, lanes with shared job keys)."""
+        that shares this lease key (run/loop.py, lanes with shared job keys)."""
         if self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
             return True
         return self.client.get(self.key) in (self.token, self.token.encode())

@@ -1,33 +1,51 @@
-"""The worker's main loop: intake, step, publish, ack, heartbeat/reclaim (rq's `work()`, for streams).
-Paths below are under worker/.
+"""The worker's one loop over its lanes: intake, step, publish, ack, heartbeat/reclaim (rq's `work()`, for
+streams). Paths below are under worker/.
 
     while running:
-        abort cancelled and overdue jobs                                  (run/aborts.py, in memory)
-        build this step's round (wire/round.py):
-            what the last round's replies and step owe   (job_path.py: attempt counts, refusals, acks;
-                                                          publish/publisher.py: the step's events)
-            the lookups of the jobs read                 (job_path.py)
-            a read for this lane's share of the room     (intake/stream_reader.py, intake/read_policy.py)
-            leases, reclaims, trimming, cancel keys      (run/job_lease.py, run/consumer_lease.py,
-                                                          recover/takeover_claim.py, intake/stream_trim.py)
-        the round on the I/O thread (wire/)  ||  engine.step()
+        the hooks between ticks (a registry moving home shards, a tenant's new lane)
+        per lane, in a rotating order (run/lane_run.py):
+            abort cancelled and overdue jobs                              (run/aborts.py, in memory)
+            build the lane's round (wire/round.py):
+                what the last round's replies and step owe (job_path.py: attempt counts, refusals,
+                                                            acks; publish/publisher.py: the events)
+                the lookups of the jobs read                (job_path.py)
+                a read for the lane's share of the room     (intake/stream_reader.py, the read policy)
+                leases, reclaims, trimming, cancel keys     (run/job_lease.py, run/consumer_lease.py,
+                                                             recover/takeover_claim.py, intake/stream_trim.py)
+        the rounds on the I/O threads, one write per Redis server (run/node_rounds.py)  ||  engine.step()
             (the engine never waits on Redis, except for a round that counts an attempt: that one is
             answered before the step that runs the job)
-        each reply to whoever sent its command (jobs move on a stage), then the step's events
+        per lane: each reply to whoever sent its command (job_path.decide on a job's lookups), then the
+        lane's deltas of the step turned into its events
 
-A job's path from XREADGROUP to XACK: intake/stream_reader.py, job_path.py, publish/publisher.py. An idle
-engine blocks in XREADGROUP instead (Reader.wait). Redis unreachable or full: the round is sent again
-with back-off until it goes through (connection.py), nothing is admitted meanwhile, and a stop request
-still ends the loop within the drain timeout (run/stop.py).
+A single stream is one lane; shards on one Redis, cluster shards, per-model streams, priority and tenant
+lanes are lane layouts with a read policy (intake/lanes.py, intake/read_policy.py), built from the
+config by run/build.py. A job's path from XREADGROUP to XACK: intake/stream_reader.py, job_path.py,
+publish/publisher.py.
+
+Idle on every lane, the loop blocks in XREADGROUP: one over every lane's stream when they share one Redis
+(intake/joint_wait.py), else on each lane in turn for block_ms / lanes (at least ~100 ms each on Redis
+7.0 at its default hz 10: a short BLOCK is answered at the server's next cron tick). While any lane has
+work (a step, jobs in flight or being admitted, commands owed, or a backlog to read) every lane does a
+non-blocking round per tick. Redis unreachable or full: a lane's round is sent again with back-off until
+it goes through (connection.py), nothing is admitted meanwhile, and a stop request still ends the loop
+within the drain timeout (run/stop.py).
+
+The read policy may change at run time: `policy` is read once per tick, `use_policy` swaps it, and
+callables in `between_ticks` run on the loop's thread before each tick. A lane's Redis may change under
+it (a cluster shard's master failing over: `LaneServers`); the lane then forgets its jobs (aborted in
+the engine, nothing written) and starts over from the server's state, as a worker restarted under the
+same name would (`restart_lane`).
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from concurrent import futures as cf
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
 import redis
 import structlog
@@ -35,46 +53,30 @@ import structlog
 from engine.client import EngineClient
 from engine.outputs import StepDelta
 from worker.config import WorkerConfig
-from worker.connection import DOWN_ERRORS, Backoff, with_retry
-from worker.fleet.accounting import split_step
+from worker.intake.fair_share import served_tokens
+from worker.intake.joint_wait import wait_on_lanes
+from worker.intake.lanes import Lane, single_stream
 from worker.intake.read_policy import OneLane, ReadPolicy
-from worker.intake.stream_reader import Reader
-from worker.intake.stream_trim import Trimmer
-from worker.job_path import JobPath
-from worker.publish.publisher import Publisher, plan_events
-from worker.recover.redis_health import RedisHealth
-from worker.recover.takeover_claim import Reclaimer
-from worker.run import fault_injection
-from worker.run.aborts import Aborter
-from worker.run.cancel_listener import CancelListener
-from worker.run.consumer_lease import ConsumerLease
 from worker.run.engine_room import engine_room
-from worker.run.isolation import Isolation, add_refund
-from worker.run.job_lease import add_release, add_renewal
+from worker.run.hooks import NO_HOOKS, Hooks
+from worker.run.lane_run import LaneRun, LaneServers, Step
 from worker.run.metrics import Metrics
+from worker.run.node_rounds import NodeRounds
 from worker.run.observer import Observer
-from worker.run.stop import IdleStop, StopFlag, StopRequested
-from worker.wire.exchange import cut_off, execute, no_resends
-from worker.wire.job_record import Arrived, InFlight
-from worker.wire.round import Round
+from worker.run.stop import StopFlag, StopRequested
 
 log = structlog.get_logger("conveyor.worker")
-_REDIS_FAILURES = (*DOWN_ERRORS, redis.OutOfMemoryError)
-LAST_WRITE_S = 2.0  # the last round at a stop, at most: then the sockets are cut (a frozen network)
 
 
-class Step(NamedTuple):
-    """One tick's round (sent while the engine steps) and what the tick does."""
+@dataclass
+class Layout:
+    """The lanes a worker reads, the client holding each (the same client for every lane on one Redis),
+    how their servers may change, and the read policy over them (one policy lane per lane)."""
 
-    rnd: Round
-    busy: bool  # the engine has work: step it
-    reads: int  # new jobs asked for in `rnd`
-
-
-class Stepped(NamedTuple):
-    deltas: list[StepDelta]
-    at: float  # time.perf_counter() when they were sampled
-    wall: float  # time.time() then
+    lanes: list[Lane]
+    clients: list[redis.Redis]
+    policy: ReadPolicy
+    servers: LaneServers = field(default_factory=LaneServers)
 
 
 class Worker:
@@ -84,57 +86,71 @@ class Worker:
         client: redis.Redis,
         cfg: WorkerConfig,
         observer: Observer | None = None,
-        stop: StopFlag | None = None,
+        hooks: Hooks = NO_HOOKS,
+        layout: Layout | None = None,
     ) -> None:
-        self.engine, self.client, self.cfg = engine, no_resends(client), cfg
+        """`client`: the worker's Redis; without a `layout`, the worker reads one lane, cfg.keys.requests
+        through cfg.group on `client` (run/build.py builds the other layouts)."""
+        layout = layout or Layout(single_stream(cfg.keys, cfg.group), [client], OneLane())
+        if (
+            len(layout.clients) != len(layout.lanes)
+            or layout.policy.lanes != len(layout.lanes)
+            or not layout.lanes
+        ):
+            raise ValueError(
+                f"{len(layout.lanes)} lanes need as many clients and a policy over as many lanes"
+            )
+        self.engine, self.cfg, self.hooks = engine, cfg, hooks
         self.observer = observer or Observer(Metrics({"consumer": cfg.consumer}))
-        # Time its engine steps for accounting; off under a lanes worker, which times the shared step.
-        self.accounts_steps = True
-        # Shared by the lanes' workers of a lanes worker (run/lanes_worker.py).
-        self.stop = stop or StopFlag(cfg.drain_timeout_s)
-        # Past the drain time, a read hanging on a frozen network must not hold the stop (stop.py).
-        self._cut_off = lambda: cut_off(client)
-        self.stop.on_expired(self._cut_off)
-        self.health = RedisHealth(self.observer.redis_full)
-        self.inflight: dict[str, InFlight] = {}
-        self.isolation = Isolation(self.inflight)  # jobs that survived a crash run alone
-        self.arrived: list[Arrived] = []  # READ: looked up in the next round (job_path.py)
-        self.cancels = CancelListener(client, cfg.keys.cancel_channel, sharded=cfg.cluster)
-        self.aborter = Aborter(engine, self.inflight, self.cancels, cfg)
-        self.reader = Reader(client, cfg, self.stop, IdleStop(self.stop), self.health)
-        # This worker's lane is cfg.keys.requests read through cfg.group (lanes.single_stream). A worker
-        # over several lanes runs one Worker per lane and passes each its share (run/lanes_worker.py).
-        self.policy: ReadPolicy = OneLane()
-        self.reclaimer = Reclaimer(cfg)
-        self.trimmer = Trimmer(cfg.keys.requests)
-        self.consumer_lease = ConsumerLease(client, cfg)
-        self.path = JobPath(
-            cfg,
-            engine,
-            self.inflight.get,
-            self._admitted,
-            self.observer.outcome,
-            self._readmit,
-            self.isolation,
-        )
-        self.publisher = Publisher(self._lost, self._full, self.path.acknowledged, sharded_pubsub=cfg.cluster)
-        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")
-        self.backoff = Backoff()
-        self._admitting = 0  # jobs whose admission commands are in flight
-        self._reading = 0  # new jobs asked for in the round in flight
-        self._last_heartbeat = time.monotonic()
+        self.stop = StopFlag(cfg.drain_timeout_s)
+        self.policy, self.servers = layout.policy, layout.servers
+        self.between_ticks: list[Callable[[], None]] = []
+        # An idle tick's joint wait blocks at most this long: a hook in between_ticks that must run every
+        # so often even while idle (HomeWatch) lowers it to its interval.
+        self.idle_block_ms = cfg.block_ms
+        self._lane_block_ms = max(1, cfg.block_ms // len(layout.lanes))  # each lane's wait, in turn
+        self.lanes: list[LaneRun] = []
+        for lane, lane_client in zip(layout.lanes, layout.clients, strict=True):
+            self.lanes.append(self._lane(lane, lane_client))
+        _share_consumer_leases(self.lanes)
+        self.nodes = NodeRounds()
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-io")  # the last writes
+        self._next = 0  # the lane built first in the next tick
         self._started = False
-        self._redis_lost = False  # stopped while Redis was unreachable or full: write nothing more
-        self._refused_for_memory = False  # in the round being dispatched
-        self._events_sampled_at: float | None = None  # of the newest token events owed to Redis
+        # Lanes restarted from their server's state, with their jobs still in the engine (samples not
+        # ended): their pending entries are read again once those have left it (an id runs once there).
+        self._leaving: dict[int, dict[str, int]] = {}
         self.refused: str | None = None  # Redis refused a command for lack of permission (ACL): why
 
     @property
     def metrics(self) -> Metrics:
         return self.observer.metrics
 
+    def _lane(self, lane: Lane, client: redis.Redis) -> LaneRun:
+        lane_cfg = replace(self.cfg, keys=lane.keys, group=lane.group, block_ms=self._lane_block_ms)
+        return LaneRun(self.engine, client, lane_cfg, self.observer, self.stop, self.hooks)
+
+    def add_lane(self, lane: Lane, client: redis.Redis) -> LaneRun:
+        """Read one more lane from now on (a tenant first seen: run/tenant_watch.py), on the loop's thread
+        (`between_ticks`) of a running worker, after the policy's own `add_lane`. It starts as the others
+        did: its group made (from the stream's first entry), its own pending entries resumed."""
+        if self.policy.lanes != len(self.lanes) + 1:
+            raise ValueError("add the lane to the read policy first")
+        run = self._lane(lane, client)
+        self.lanes.append(run)
+        _share_consumer_leases(self.lanes)  # one consumer name, one lease token
+        run.start()
+        return run
+
+    def use_policy(self, policy: ReadPolicy) -> None:
+        """Read with `policy` from the next tick on (call it on the loop's thread: `between_ticks`)."""
+        if policy.lanes != len(self.lanes):
+            raise ValueError(f"the policy has {policy.lanes} lanes, the worker {len(self.lanes)}")
+        self.policy = policy
+
     # ---- the loop -------------------------------------------------------------------------------------
     def run(self) -> None:
+        redis_lost = False
         try:
             self.start()
             drain_logged = False
@@ -144,103 +160,24 @@ class Worker:
                         drain_logged = True
                         log.info(
                             "draining: no new jobs",
-                            in_flight=len(self.inflight),
+                            in_flight=self.in_flight(),
                             timeout_s=self.cfg.drain_timeout_s,
                         )
-                    if not self.inflight or self.stop.expired():
+                    if not self.in_flight() or self.stop.expired():
                         break
                 self.tick()
         except StopRequested as exc:
-            self._redis_lost = True
+            redis_lost = True
             log.warning("stopping while Redis is unavailable or full", error=str(exc))
         except redis.exceptions.NoPermissionError as exc:
             # Waiting will not help and every later round would be refused too: stop writing, exit.
-            self._redis_lost, self.refused = True, str(exc)
+            redis_lost, self.refused = True, str(exc)
             log.error(
                 "redis refused a command (ACL): grant the worker's commands, docs/operations.md Security",
                 error=str(exc),
             )
         finally:
-            self.shutdown()
-
-    def tick(self) -> None:
-        """One pass of the loop: a step with its round, or an idle wait. Tests drive workers with it."""
-        step = self.begin()
-        if step is None:
-            return
-        # Redis applies the round while the engine computes: it is sent and answered on the I/O thread.
-        future = self.io.submit(execute, self.client, step.rnd) if len(step.rnd) else None
-        if future is not None and step.rnd.before_step:
-            wait([future])  # it counts an attempt: in Redis before the step that runs the job
-        self.finish(step, future, self.step_engine(step))
-
-    # A tick in three parts, so that a lanes worker can send every lane's round of a cycle to each Redis
-    # node in one write (run/lanes_worker.py): begin, send, step_engine, finish.
-    def begin(
-        self, max_reads: int | None = None, wait: bool = True, max_waited: int | None = None
-    ) -> Step | None:
-        """Apply signals, then either wait idle for jobs (returns None) or build this step's round. At
-        most `max_reads` new jobs are read in it (default: as many as there is room for), and at most
-        `max_waited` by an idle wait (default: the room). With `wait=False` it never waits: an idle
-        worker builds a round too (reads only, or nothing), for a lanes worker whose other lanes have
-        work (run/lanes_worker.py)."""
-        self.aborter.apply_signals()
-        busy = self.engine.has_unfinished_requests()
-        if wait and not busy and not self.has_work():
-            self._wait_for_jobs(max_waited)
-            return None
-        if self.health.is_full:
-            # Hold: no step (its events would pile up in memory), no new reads; after a back-off, send
-            # again what is owed (the refused events, in order, and refused admissions).
-            self.stop.sleep(self.backoff.next_delay())
-            busy = False
-        return Step(self._build_round(max_reads), busy, self._reading)
-
-    def step_engine(self, step: Step) -> Stepped:
-        began = time.perf_counter()
-        deltas = self.engine.step() if step.busy else []
-        at = time.perf_counter()
-        if step.busy and self.accounts_steps:
-            self.observer.engine_stepped(at - began)
-            self.credit(at - began, self.engine.step_tokens())
-        if fault_injection.KILL_JOB is not None:  # tests only (worker/run/fault_injection.py)
-            fault_injection.kill_if_armed(deltas)
-        return Stepped(deltas, at, time.time())
-
-    def credit(self, wall_s: float, tokens: dict[str, int]) -> None:
-        """Each of our jobs' share of a step's wall time, by the tokens it computed among all the step's
-        (worker/fleet/accounting.py)."""
-        for job_id, seconds in split_step(wall_s, tokens).items():
-            if (job := self.inflight.get(job_id)) is not None:
-                job.engine_s += seconds
-
-    def finish(self, step: Step, future: Future | None, stepped: Stepped) -> None:
-        """The round's replies (from `future`: None when nothing was sent) to the jobs and parts that sent
-        its commands, then the step's events (owed to the next round)."""
-        self._refused_for_memory = False
-        step.rnd.dispatch(self._results(step.rnd, future))
-        if step.reads:
-            self.policy.read_back(0, step.reads, len(self.arrived))
-        self._reading = self._admitting = 0
-        if self.health.is_full and not self._refused_for_memory:
-            self.health.ok()
-            self.backoff.reset()
-        self._publish(stepped.deltas, stepped.at, stepped.wall)
-        self.observer.stepped(sum(len(d.new_token_ids) for d in stepped.deltas), self.engine, step.busy)
-
-    def has_work(self) -> bool:
-        """Jobs in flight or read, commands owed to Redis, or a heartbeat due: a round to send."""
-        return bool(
-            self.inflight or self.arrived or self.isolation.held or self.owes() or self._heartbeat_due()
-        )
-
-    def owes(self) -> bool:
-        """Writes decided on replies or produced by a step, not sent yet."""
-        return bool(self.path.owed or self.publisher.owed or self.consumer_lease.owed)
-
-    def reserved(self) -> int:
-        """Jobs read or being read and not yet added to the engine: room the engine has that is taken."""
-        return self._admitting + len(self.arrived) + self._reading
+            self.shutdown(redis_lost)
 
     def start(self) -> None:
         # The model and tokenizer are millions of long-lived objects: a full collection walking them
@@ -248,219 +185,184 @@ class Worker:
         gc.collect()
         gc.freeze()
         self._started = True
-        self.consumer_lease.acquire(self.stop)
-        self.reader.ensure_group()
-        self.cancels.start()
-        self.arrived.extend(self.reader.own_pending())
+        for lane in self.lanes:
+            lane.start()
         self.observer.started()
         log.info(
-            "worker started",
-            consumer=self.cfg.consumer,
-            group=self.cfg.group,
-            stream=self.cfg.keys.requests,
-            pending_resumed=len(self.arrived),
+            "worker started", lanes=len(self.lanes), first=self.lanes[0].stream, consumer=self.cfg.consumer
         )
 
-    def _build_round(self, max_reads: int | None = None) -> Round:
-        rnd = Round()
-        self._add_owed(rnd)
-        draining, full = self.stop.warm.is_set(), self.health.is_full
-        self._admitting = 0
-        if draining:  # jobs read but not started stay pending, for another worker (or this one, restarted)
-            self.arrived, self.isolation.held = [], []
-        else:
-            self.arrived.extend(
-                self.isolation.release()
-            )  # (Redis full: refused again and kept for the next try, see _readmit)
-            for arrived in self.arrived:
-                self.path.look_up(rnd, arrived)
-            self._admitting, self.arrived = len(self.arrived), []
-        free = 0 if draining or full else self.room()
-        room = self.policy.shares(free)[0] if max_reads is None else min(free, max_reads)
-        self._reading = room  # until the replies are dispatched
-        if room > 0:
-            self.reader.add_new(rnd, room, self.arrived)
-        if self._heartbeat_due():
-            self._last_heartbeat = time.monotonic()
-            add_renewal(rnd, self.cfg, self.inflight.values())
-            self.consumer_lease.add_renewal(rnd)
-            self._add_queue_depth(rnd)
-            # Lapsed leases are claimed up to all the free room, not only this round's read share (every
-            # shard would otherwise take over a dead worker's jobs only when it reads), and not reserved:
-            # shards claiming together may start more than the engine runs at once; the rest waits in it.
-            if free > 0:
-                self.reclaimer.add(rnd, free, self._arrive_reclaimed)
-        if self.trimmer.due():
-            self.trimmer.add(rnd)
-        self.aborter.add_key_check(rnd)
-        return rnd
+    def tick(self) -> None:
+        """One pass of the loop: every lane's round built, sent with one write per server while the engine
+        steps, then each lane's replies and deltas; or an idle wait. Tests drive workers with it."""
+        for hook in self.between_ticks:
+            hook()
+        policy = self.policy
+        n = len(self.lanes)
+        capacity = engine_room(self.engine, self.engine.stats())  # once a tick: stats() is not free
+        room = self.room_left(capacity)
+        wait = not self._has_work(room, policy)
+        if wait and not self.stop.warm.is_set() and n > 1 and self._wait_together(room, policy):
+            # The same lane leads the next tick: only the lane leading a tick has room left to claim
+            # lapsed leases in (LaneRun.build), so every lane must lead in turn.
+            for k, lane in enumerate(self.lanes):
+                if lane.arrived:
+                    policy.idle_read(k, len(lane.arrived))
+            return
+        order = [(self._next + i) % n for i in range(n)]
+        self._next = (self._next + 1) % n
+        shares = policy.shares(room, first=order[0])
+        begun: list[tuple[int, Step]] = []
+        for k in order:
+            lane = self.lanes[k]
+            if k in self._leaving:
+                continue
+            try:
+                if wait:  # idle on every lane: block on this one (its wait finding jobs ends the others')
+                    if self.engine.has_unfinished_requests() or lane.has_work():
+                        wait = False
+                    else:
+                        lane.wait(_capped(self.room_left(capacity), policy.idle_cap(k)))
+                        wait = not lane.has_work()
+                        if lane.arrived:
+                            policy.idle_read(k, len(lane.arrived))
+                        continue
+                step = lane.build(self.room_left(capacity), shares[k])
+            except self.servers.moved_errors as moved:  # while waiting idle
+                self.restart_lane(k, moved)
+                continue
+            if self.servers.moved(lane.client):  # nothing goes to the new server before the lane forgot
+                self.restart_lane(k, RuntimeError(f"lane {k}'s server moved"))  # its jobs
+                continue
+            begun.append((k, step))
+        futures = self.nodes.send([(self.lanes[k].client, step.rnd) for k, step in begun])
+        # Rounds that count an attempt are answered before the step that runs the job (job_path.py).
+        cf.wait(
+            [f for (_, step), f in zip(begun, futures, strict=True) if f is not None and step.rnd.before_step]
+        )
+        busy = (
+            any(step.busy for _, step in begun) or bool(self._leaving)
+        ) and self.engine.has_unfinished_requests()
+        sampled_at = self._step(busy)
+        new_tokens = 0
+        for (k, step), future in zip(begun, futures, strict=True):
+            try:
+                deltas = self.lanes[k].finish(step, future, sampled_at)
+            except self.servers.moved_errors as moved:
+                self.restart_lane(k, moved)
+                continue
+            new_tokens += sum(len(d.new_token_ids) for d in deltas)
+            if step.reads:
+                policy.read_back(k, step.reads, len(self.lanes[k].arrived))
+            policy.charge(k, served_tokens(deltas))
+        for k in list(self._leaving):
+            self._resume_when_left(k)
+        if begun:
+            self.observer.stepped(new_tokens, self.engine, busy)
 
-    def _add_owed(self, rnd: Round) -> None:
-        """What the last round's replies and the last step decided to write: decisions on jobs, then the
-        step's events (after any sent again), then a lease renewal Redis did not run."""
-        self.path.add_owed(rnd)
-        self.publisher.add_owed(rnd)
-        self.consumer_lease.add_owed(rnd)
-        rnd.sampled_at, self._events_sampled_at = self._events_sampled_at, None
+    def _step(self, busy: bool) -> float:
+        """One engine step (when `busy`), its deltas put in their lanes' buckets, its wall time shared out
+        over every lane's jobs in it. Returns time.perf_counter() when the deltas were sampled."""
+        began = time.perf_counter()
+        deltas = self.engine.step() if busy else []
+        at = time.perf_counter()
+        if busy:
+            self.observer.engine_stepped(at - began)
+            tokens = self.engine.step_tokens()
+            for lane in self.lanes:
+                lane.credit(at - began, tokens)
+        self.hooks.stepped(deltas, time.time())
+        self._route(deltas)
+        return at
 
-    def _heartbeat_due(self) -> bool:
-        return time.monotonic() - self._last_heartbeat >= self.cfg.heartbeat_s
+    def _route(self, deltas: list[StepDelta]) -> None:
+        """Each delta to the lane whose job it is; a job of no lane's (a restarted lane's, aborted) is
+        nobody's to publish: its last samples ending let that lane read its entries again."""
+        if len(self.lanes) == 1 and not self._leaving:
+            self.lanes[0].bucket.extend(deltas)
+            return
+        for delta in deltas:
+            lane = next((lane for lane in self.lanes if delta.request_id in lane.inflight), None)
+            if lane is not None:
+                lane.bucket.append(delta)
+            elif delta.finished:
+                for leaving in self._leaving.values():
+                    if delta.request_id in leaving:
+                        leaving[delta.request_id] -= 1
+                        if leaving[delta.request_id] <= 0:
+                            del leaving[delta.request_id]
 
-    def _results(self, rnd: Round, future: Future | None) -> list:
-        if future is None:
-            return []
+    def room_left(self, capacity: int | None = None) -> int:
+        """Jobs the engine can start now (`capacity`: free sequence slots, and KV blocks at the current
+        per-job use; read from the engine when not given), less those on their way in through every lane."""
+        if capacity is None:
+            capacity = engine_room(self.engine, self.engine.stats())
+        return max(0, capacity - sum(lane.reserved() for lane in self.lanes))
+
+    def _has_work(self, room: int, policy: ReadPolicy) -> bool:
+        """Whether any lane has a step or a round to do this tick, or a backlog to read (a hungry lane, and
+        room). Then no lane blocks on its stream: reads go out in the tick's rounds, one write per
+        server. Blocking in turn (a round trip each, ~100 ms each on an empty stream) is for a worker idle
+        on every lane."""
+        if self.engine.has_unfinished_requests() or any(lane.has_work() for lane in self.lanes):
+            return True
+        return len(self.lanes) > 1 and room > 0 and policy.backlog()
+
+    def _wait_together(self, room: int, policy: ReadPolicy) -> bool:
+        """Idle on every lane: one blocking read over all of them when they share one Redis
+        (intake/joint_wait.py), each taking at most the policy's idle cap; False when they cannot be
+        read together (then each blocks in turn)."""
+        if self._leaving:
+            return False
+        readers = [lane.reader for lane in self.lanes]
+        caps = [policy.idle_cap(k) for k in range(len(readers))]
+        return wait_on_lanes(readers, [lane.arrived for lane in self.lanes], room, self.idle_block_ms, caps)
+
+    def restart_lane(self, k: int, why: Exception) -> None:
+        """Forget lane k's jobs (its server's state is the truth now) and accept its new server."""
+        log.warning("lane's server changed: restarting its jobs from the new one", lane=k, error=str(why))
+        self._leaving[k] = self.lanes[k].forget_jobs()
+        self.servers.accept_move(self.lanes[k].client)
+        self._resume_when_left(k)
+
+    def _resume_when_left(self, k: int) -> None:
+        if self._leaving[k]:  # their final "abort" deltas are still to come
+            return
+        del self._leaving[k]
         try:
-            results = future.result()
-        except _REDIS_FAILURES as exc:
-            # The connection broke mid-round, or Redis was full and refused the whole MULTI: send it again
-            # (publish/publisher.py tolerates events that landed). Meanwhile nothing new is read or admitted.
-            if isinstance(exc, redis.OutOfMemoryError):
-                self._full(str(exc))
-            else:
-                log.warning("round failed, sending it again", error=str(exc))
-            results = with_retry(
-                lambda: execute(self.client, rnd), "step round", self.stop, self.backoff, self.health
-            )
-        if rnd.sampled_at is not None and rnd.answered_at is not None:
-            # Read on the I/O thread while the engine stepped: not when this loop got to look at it.
-            self.observer.published(rnd.answered_at - rnd.sampled_at)
-        if any(isinstance(r, redis.ResponseError) and str(r).startswith("NOGROUP") for r in results):
-            self.reader.ensure_group()  # Redis restarted without persistence: the group is gone
-        return results
+            self.lanes[k].resume_pending()
+        except self.servers.moved_errors as moved:  # moved again meanwhile
+            self.restart_lane(k, moved)
 
-    def _full(self, message: str) -> None:
-        """A command of this round was refused for lack of memory (OOM under noeviction)."""
-        self._refused_for_memory = True
-        self.health.full("step round", RuntimeError(message), self.backoff.first_s * 2**self.backoff.failures)
-
-    def _readmit(self, arrived: Arrived, error: Exception) -> None:
-        """Admission refused for lack of memory: the entry stays ours, admitted once Redis has room."""
-        self.arrived.append(arrived)
-        self._full(str(error))
-
-    # ---- intake ---------------------------------------------------------------------------------------
-    def room(self) -> int:
-        """Jobs this worker can start now: free sequence slots, and KV blocks at the current per-job use."""
-        if self.isolation.running_alone() or self.isolation.held:
-            return 0
-        return max(0, engine_room(self.engine, self.engine.stats()) - self._admitting - len(self.arrived))
-
-    def _arrive_reclaimed(self, arrived: list[Arrived]) -> None:
-        if arrived:
-            log.info("claimed jobs of a lapsed lease", count=len(arrived))
-        self.arrived.extend(arrived)
-
-    def _wait_for_jobs(self, most: int | None = None) -> None:
-        room = self.room() if most is None else min(most, self.room())
-        if room <= 0 or self.stop.warm.is_set():
-            self.stop.cold.wait(0.01)
-            return
-        self.reader.wait(room, self.arrived)
-
-    def _admitted(self, job: InFlight) -> None:
-        self.inflight[job.job_id] = job
-        self.observer.admitted(job)
-        log.debug("job admitted", request_id=job.job_id)
-        self.aborter.on_admitted(job)
-
-    def _lost(self, job: InFlight) -> None:
-        self.path.left(job)
-        self.aborter.lost(job)
-
-    def _add_queue_depth(self, rnd: Round) -> None:
-        def handle(reply) -> None:
-            if isinstance(reply, Exception):
-                return
-            for group in reply:
-                if group.get("name") == self.cfg.group.encode():
-                    self.observer.group_info(group.get("lag") or 0, group.get("pending") or 0)
-
-        rnd.add(lambda p: p.xinfo_groups(self.cfg.keys.requests), handle)
-
-    # ---- publish --------------------------------------------------------------------------------------
-    def _publish(self, deltas, sampled_at: float, sampled_wall: float) -> None:
-        if not deltas:
-            return
-        now_ms = time.time() * 1000
-        plan = plan_events(deltas, self.inflight, self.cfg, now_ms, sampled_wall)
-        for job_id in plan.forget:
-            self.inflight.pop(job_id, None)
-        for job in plan.first_tokens:
-            self.observer.first_token(job, now_ms)
-        for trace in plan.traces:
-            self.observer.token_event(trace)
-        if plan.has_tokens:
-            self._events_sampled_at = sampled_at
-        for job in plan.done:
-            if job.error:
-                log.warning("job failed", request_id=job.job_id, code=job.error_code, reason=job.error)
-            del self.inflight[job.job_id]
-            self.path.finish(job)
-            self.observer.finished(job, now_ms)
-            self.observer.accounted(job, self.cfg.group)
-        self.publisher.queue(plan.batch)
+    def in_flight(self) -> int:
+        return sum(len(lane.inflight) for lane in self.lanes)
 
     # ---- shutdown -------------------------------------------------------------------------------------
-    def _last_write(self, rnd: Round) -> None:
-        def write() -> None:
-            if len(rnd):
-                execute(self.client, rnd)
-            self.consumer_lease.release()
-
-        future = self.io.submit(write)
-        try:
-            future.result(timeout=LAST_WRITE_S)
-        except FutureTimeout:
-            cut_off(self.client)  # the write's read fails at once
-            future.result(timeout=LAST_WRITE_S)
-
-    def forget_jobs(self) -> set[str]:
-        """Redis lost this worker's last writes (its master failed over): forget every job and all that is
-        owed to Redis, since the new master's state is the truth now, aborting the jobs in the engine
-        (nothing is written for them). Returns the ids the engine still had: call `resume_pending()` once
-        they have left it, as a worker restarted under the same name would."""
-        aborted = {job.job_id for job in self.inflight.values() if self.engine.abort(job.job_id)}
-        self.inflight.clear()
-        self.arrived, self._admitting, self._reading = [], 0, 0
-        self.isolation.held = []
-        self.path.owed.clear()
-        self.publisher.owed.clear()
-        self.consumer_lease.owed = False
-        self.backoff.reset()
-        for script in (self.publisher.script, self.trimmer.script, self.consumer_lease.script):
-            script.loaded = False  # the new master may not have them
-        return aborted
-
-    def resume_pending(self) -> None:
-        """Take up this consumer's pending entries again (after forget_jobs)."""
-        self.reader.ensure_group()
-        self.arrived.extend(self.reader.own_pending())
-
     def shutdown(self, redis_lost: bool = False) -> None:
-        """Write what is owed and release the jobs left (unless Redis is lost: then write nothing more).
-        Safe on a worker that never started."""
-        self._redis_lost = self._redis_lost or redis_lost
-        # The loop has ended: the drain's cut-off is for a loop stuck in a read, not for the last write.
-        self.stop.forget(self._cut_off)
-        left = [j for j in self.inflight.values() if not j.dropped]
-        # Events already produced are written; unfinished jobs stay unacknowledged for another worker,
-        # and their owner keys go so it need not wait for them to expire.
-        rnd = Round()
-        self._add_owed(rnd)
-        for job in left:
-            add_release(rnd, self.cfg, job.job_id)
-            add_refund(rnd, self.cfg, job.job_id)  # a warm stop is no crash (worker/run/isolation.py)
-        if self._started and not self.stop.cold.is_set() and not self._redis_lost:
+        """Each lane writes what is owed and releases its jobs left (unless Redis is lost: then nothing
+        more is written). Safe on a worker that never started."""
+        self.nodes.close()
+        unacked = 0
+        for lane in self.lanes:
             try:
-                self._last_write(rnd)
-            except _REDIS_FAILURES as exc:
-                log.warning("could not write the last round", error=str(exc))
-        for job in left:
-            self.engine.abort(job.job_id)
+                # A lane never started writes nothing; one whose Redis is lost writes nothing more.
+                unacked += lane.shutdown(self.io, redis_lost or not lane.started)
+            except self.servers.moved_errors:  # jobs left pending on the new server, for whoever reads
+                log.warning("lane's server moved while stopping", stream=lane.stream)
         if self._started:
-            self.cancels.stop()
             gc.unfreeze()
         self.io.shutdown(wait=True)
-        # Jobs read but not yet running (arrived, or in a round that never ran) are pending for us too.
-        unacked = len(left) + len(self.arrived) + self._admitting
         log.info("worker stopped", left_unacknowledged=unacked)
+
+
+def _capped(room: int, cap: int | None) -> int:
+    return room if cap is None else min(room, cap)
+
+
+def _share_consumer_leases(lanes: Sequence[LaneRun]) -> None:
+    """Lanes whose jobs share keys (intake/lanes.py's split_stream) share the consumer name's lease key:
+    one token for all of them, so each lane holds it as this process's."""
+    by_key: dict[str, LaneRun] = {}
+    for lane in lanes:
+        first = by_key.setdefault(lane.consumer_lease.key, lane)
+        lane.consumer_lease.token = first.consumer_lease.token

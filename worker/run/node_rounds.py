@@ -1,4 +1,4 @@
-"""One round trip per Redis node for a cycle's rounds, instead of one per lane (run/lanes_worker.py).
+"""One round trip per Redis node for a tick's rounds, instead of one per lane (run/loop.py).
 
 In a cycle every lane's Worker builds its step's round (in a cluster, one MULTI/EXEC on its shard's slot).
 Lanes on the same Redis (every lane, on one Redis; in a cluster, shards whose slots share a master) go
@@ -13,7 +13,7 @@ on 3 masters: 3 round trips a cycle, not 8).
 Failures are the shard's own business, as on one Redis: a round whose EXEC was refused (OOM, MOVED) gets
 that error and the other rounds are still answered; a write or read that breaks the connection fails
 every round of that write, marked `retried` (they may have been applied). Each worker then sends its round
-again through its own shard client (Worker.finish), which follows a failover (connect.py). The bytes go
+again through its own shard client (LaneRun.finish), which follows a failover (connect.py). The bytes go
 through worker/wire/, on one I/O thread per node, so the nodes' round trips overlap.
 """
 

@@ -1,4 +1,5 @@
-"""What the loop reports as it goes: Prometheus metrics, and for benchmarks a trace of every token event.
+"""What the loop reports as it goes: Prometheus metrics and the registry record (benchmarks' traces are
+worker/run/hooks.py's).
 
 The Worker calls these hooks at fixed points of its loop and never reads anything back, so what is
 measured can change without touching the loop.
@@ -7,8 +8,6 @@ measured can change without touching the loop.
 from __future__ import annotations
 
 import time
-from collections import deque
-from typing import NamedTuple
 
 import structlog
 
@@ -24,15 +23,8 @@ log = structlog.get_logger("conveyor.worker")
 LOAD_EVERY_S = 0.05
 
 
-class TokenTrace(NamedTuple):
-    job_id: str
-    sample: int
-    first_index: int  # of the event's first token in its sample
-    sampled_wall_s: float  # time.time() when the step that sampled it returned
-
-
 class Observer:
-    """Metrics only: what a production worker uses."""
+    """Metrics and the registry record."""
 
     def __init__(self, metrics: Metrics, heartbeat: Heartbeat | None = None) -> None:
         self.metrics = metrics
@@ -59,9 +51,6 @@ class Observer:
         self.metrics.ttft.observe(ttft_ms / 1000)
         if self.heartbeat is not None:
             self.heartbeat.first_token(ttft_ms)
-
-    def token_event(self, trace: TokenTrace) -> None:
-        """Each token event as it is queued for writing (benchmarks; a no-op here)."""
 
     def finished(self, job: InFlight, now_ms: float) -> None:
         reason = job.finished[0].finish_reason
@@ -125,19 +114,3 @@ class Observer:
         self.metrics.redis_full.set(1 if full else 0)
         if full:
             self.metrics.redis_full_retries.inc()
-
-
-class Tracer(Observer):
-    """For benchmarks: keeps every token event's trace and every publish latency as well."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        super().__init__(metrics)
-        self.trace: list[TokenTrace] = []
-        self.publish_latencies: deque[float] = deque(maxlen=100_000)  # seconds
-
-    def token_event(self, trace: TokenTrace) -> None:
-        self.trace.append(trace)
-
-    def published(self, latency_s: float) -> None:
-        super().published(latency_s)
-        self.publish_latencies.append(latency_s)

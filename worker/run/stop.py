@@ -6,7 +6,7 @@ even while Redis is unreachable or full. A read that hangs on a frozen network (
 not wait on `sleep()`: `grace_s` after the drain time runs out (at once at a cold stop) the `on_expired`
 callbacks run on a timer thread, and the worker's one cuts its Redis sockets (worker.wire.exchange.cut_off).
 The grace is for a loop that is not stuck: it sees the drain time run out at its next tick, forgets the
-callback and writes its last round (releases, refunds), bounded on its own (Worker._last_write). Cut at
+callback and writes its last round (releases, refunds), bounded on its own (LaneRun._last_write). Cut at
 the drain time itself, the sockets went in the middle of that tick, and the last round with them (a
 drained job's attempt was not refunded, seen in a loaded CI run: tests/worker/run/test_flow_fake.py).
 """

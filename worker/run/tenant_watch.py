@@ -2,7 +2,7 @@
 
 An open tenant layout (intake/lane_layout.py) sends a tenant not named by `--tenant-weight` to
 `<requests>:t:<tenant>`, and its client adds the tenant to the set `<requests>:tenants`. Every registry
-interval, on the loop's thread (`LanesWorker.between_ticks`), this reads the set and adds a lane for each
+interval, on the loop's thread (`Worker.between_ticks`), this reads the set and adds a lane for each
 tenant new to the worker: a FairShare lane of weight 1 (or the weight `--tenant-weight` gives it), read
 through the worker's group from the stream's first entry, and listed in its registry record.
 """
@@ -23,7 +23,7 @@ from worker.intake.fair_share import FairShare
 from worker.intake.lane_layout import DEFAULT_TENANT, LaneLayout, tenant_stream
 from worker.intake.lanes import Lane
 from worker.protocol import TENANT_PATTERN
-from worker.run.lanes_worker import LanesWorker
+from worker.run.loop import Worker
 
 log = structlog.get_logger("conveyor.worker")
 _TENANT = re.compile(TENANT_PATTERN)
@@ -32,7 +32,7 @@ _TENANT = re.compile(TENANT_PATTERN)
 class TenantWatch:
     def __init__(
         self,
-        worker: LanesWorker,
+        worker: Worker,
         client: redis.Redis,
         cfg: WorkerConfig,
         layout: LaneLayout,

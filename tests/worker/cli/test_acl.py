@@ -65,7 +65,7 @@ def test_a_worker_under_exactly_the_documented_acl_serves_cancels_takes_over_and
     admin.xreadgroup("test", "dead", {K.requests: ">"})
     engine = FakeEngine(step_s=0.01)
     worker = Worker(engine, connect(url), cfg)
-    worker.trimmer.every_s = 0.2  # trim often (default: every minute)
+    worker.lanes[0].trimmer.every_s = 0.2  # trim often (default: every minute)
     client = admin  # clients are another user; this one is the worker's
     with on_a_thread(worker):
         enqueue(client, {"id": "a", "prompt": "x", "max_tokens": 3})

@@ -70,12 +70,12 @@ def test_submit_to_the_shards_of_one_redis(redis_server, r):
     from worker.affinity_key import with_affinity
     from worker.config import WorkerConfig
     from worker.connection import connect
-    from worker.run.lanes_worker import shards_on_one_redis
+    from worker.run.build import build
     from worker.shard_choice import choose_shard
 
     engine = FakeEngine()
     cfg = WorkerConfig(group="test", consumer="w1", lease_ms=3000, shards=3)
-    with on_a_thread(shards_on_one_redis(engine, connect(redis_server.url), cfg)):
+    with on_a_thread(build(engine, connect(redis_server.url), cfg)):
         args = ["submit", "hello", "--redis-url", redis_server.url, "--max-tokens", "6", "--seed", "2"]
         result = CliRunner().invoke(main, [*args, "--id", "s1", "--shards", "3"])
     assert result.exit_code == 0, result.output

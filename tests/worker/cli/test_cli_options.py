@@ -63,7 +63,7 @@ class _Built(Exception):
 def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     import engine
     import worker.cli.main
-    import worker.run.loop
+    import worker.run.build
 
     monkeypatch.setattr(engine, "LLMEngine", lambda model, **kw: ("engine", model, kw), raising=False)
     import worker.cli.preflight
@@ -75,10 +75,10 @@ def test_option_values_reach_the_worker_and_engine_configs(monkeypatch):
     monkeypatch.setattr(worker.cli.preflight, "check_permissions", lambda client, cfg: None)
     monkeypatch.setattr(worker.cli.preflight, "check_lane_layout", lambda client, keys, layout: None)
 
-    def built(engine, client, cfg):
+    def built(engine, client, cfg, *layout, **hooks):
         raise _Built(engine, cfg)
 
-    monkeypatch.setattr(worker.run.loop, "Worker", built)
+    monkeypatch.setattr(worker.run.build, "build", built)
     args = ["worker", "--model", "/m", "--max-prompt-tokens", "77", "--drain-timeout", "2.5"]
     args += ["--max-tokens-limit", "9", "--block-ms", "50", "--group", "g", "--stream", "in"]
     result = CliRunner().invoke(main, args, env={"CONVEYOR_DEAD_MAXLEN": "123"})

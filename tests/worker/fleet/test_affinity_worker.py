@@ -23,7 +23,8 @@ from worker.fleet.home_shards import home_shards
 from worker.fleet.home_watch import use_home_shards
 from worker.job_queue import ShardedQueue
 from worker.keys import Keys
-from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
+from worker.run.build import build
+from worker.run.loop import Worker
 from worker.shard_choice import choose_shard
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
@@ -60,19 +61,19 @@ def heartbeat(client, consumer: str, capacity: int = 4) -> Heartbeat:
     )
 
 
-def affinity_worker(url: str, engine, consumer: str) -> LanesWorker:
+def affinity_worker(url: str, engine, consumer: str) -> Worker:
     cfg = WorkerConfig(
         group="test", consumer=consumer, lease_ms=3000, shards=SHARDS, affinity=True, registry_interval_s=0.2
     )
     client = connect(url)
-    w = shards_on_one_redis(engine, client, cfg)
+    w = build(engine, client, cfg)
     w.observer.heartbeat = heartbeat(client, consumer, engine.max_num_seqs)
     use_home_shards(w, client, cfg, w.observer.heartbeat)
     return w
 
 
 @contextmanager
-def running(w: LanesWorker):
+def running(w: Worker):
     """On a thread, drained on exit, then out of the registry (as `conveyor worker` leaves it)."""
     try:
         with on_a_thread(w):
@@ -81,8 +82,8 @@ def running(w: LanesWorker):
         w.observer.heartbeat.stop()
 
 
-def count_ticks(w: LanesWorker) -> list[float]:
-    """The times of `w`'s cycles from now on (LanesWorker.tick wrapped)."""
+def count_ticks(w: Worker) -> list[float]:
+    """The times of `w`'s cycles from now on (Worker.tick wrapped)."""
     ticks: list[float] = []
     tick = w.tick
 

@@ -254,7 +254,7 @@ def test_an_idle_worker_takes_one_job_from_a_lane_that_is_not_home():
 
 def test_only_lanes_a_worker_may_read_count_as_its_backlog():
     # A live owner's hungry shard is not this worker's work: counted, an idle worker would poll Redis in
-    # rounds that do not block instead of blocking on its own lanes (run/lanes_worker.py).
+    # rounds that do not block instead of blocking on its own lanes (run/loop.py).
     policy = HomeFirst(4, {0, 1})
     policy.set_stealable(set())
     for k in range(4):

@@ -56,7 +56,7 @@ def test_the_worker_trims_what_every_group_has_finished(redis_server, r):
     """Another model's group lags behind: the worker's trimming leaves everything that group needs."""
     r.xgroup_create(K.requests, "other-model", id="0", mkstream=True)
     with running_worker(FakeEngine(), redis_server.url) as worker:
-        worker.trimmer.every_s = 0.0  # every round
+        worker.lanes[0].trimmer.every_s = 0.0  # every round
         entries = [enqueue(r, {"id": f"w{k}", "prompt": "x", "max_tokens": 3}) for k in range(4)]
         for k in range(4):
             collect(r, f"w{k}", timeout_s=10)

@@ -49,7 +49,8 @@ def events(r, job_id: str) -> list[dict]:
 
 def close(worker: Worker) -> None:
     """Stop without the shutdown round: as if the process had died."""
-    worker.cancels.stop()
+    worker.lanes[0].cancels.stop()
+    worker.nodes.close()
     worker.io.shutdown(wait=True)
 
 
@@ -62,15 +63,17 @@ def test_stale_worker_loses_the_terminal_write_and_leaves_the_entry_pending(redi
         tick_until(a, lambda: len(events(r, "j")) >= 3, "token events")
         # A cancel only A heard ends the job in A's engine; A's next tick writes the token event of the
         # step before and queues the terminal `done` for the round after. Then A freezes.
-        a.aborter.abort(a.inflight["j"], "cancel")
-        tick_until(a, lambda: "j" not in a.inflight, "terminal event queued")
+        a.lanes[0].aborter.abort(a.lanes[0].inflight["j"], "cancel")
+        tick_until(a, lambda: "j" not in a.lanes[0].inflight, "terminal event queued")
         written_by_a = len(events(r, "j"))
-        assert events(r, "j")[-1]["type"] == "token" and a.owes(), "A's terminal is not sent yet"
+        assert events(r, "j")[-1]["type"] == "token" and a.lanes[0].publisher.owed, (
+            "A's terminal is not sent yet"
+        )
 
         wait_until(
             lambda: lease_lapsed(r, "j"), 10, "A's lease to lapse: its owner key and pending idle time"
         )
-        tick_until(b, lambda: "j" in b.inflight, "takeover")
+        tick_until(b, lambda: "j" in b.lanes[0].inflight, "takeover")
         tick_until(b, lambda: len(events(r, "j")) >= written_by_a + 2, "B's events")
         close(b)  # B crashes mid-job
 
@@ -85,7 +88,7 @@ def test_stale_worker_loses_the_terminal_write_and_leaves_the_entry_pending(redi
         assert indices == sorted(set(indices)), "no stale token event on the live channel"
         pending = r.xpending_range(K.requests, "test", "-", "+", 10)
         assert [p["consumer"] for p in pending] == [b"b"], "the entry stays pending for B, not acked"
-        assert "j" not in a.inflight
+        assert "j" not in a.lanes[0].inflight
 
         # B restarted under its name finishes the job: the client is not left waiting.
         b = make_worker(redis_server.url, "b")
@@ -111,7 +114,7 @@ def test_a_flushed_script_cache_is_reloaded_and_nothing_is_lost(redis_server, r)
         r.script_flush()
         tick_until(worker, lambda: events(r, "f")[-1]["type"] == "done", "the terminal event")
         tokens = [e["index"] for e in events(r, "f") if e["type"] == "token"]
-        assert tokens == list(range(12)) and "f" not in worker.inflight
+        assert tokens == list(range(12)) and "f" not in worker.lanes[0].inflight
         assert not r.xpending(K.requests, "test")["pending"]
     finally:
         close(worker)

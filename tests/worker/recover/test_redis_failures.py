@@ -60,7 +60,7 @@ def test_a_full_redis_holds_in_flight_jobs_and_resumes_when_it_has_room(own_serv
             enqueue(client, {"id": f"m{k}", "prompt": "x", "max_tokens": 400})
         wait_until(lambda: all(client.xlen(K.out(f"m{k}")) >= 3 for k in range(3)), 30, "tokens of every job")
         make_full(client)
-        wait_until(lambda: worker.health.is_full, 30, "the worker to see Redis full")
+        wait_until(lambda: worker.lanes[0].health.is_full, 30, "the worker to see Redis full")
         retries = worker.metrics.redis_full_retries
         wait_until(lambda: retries._value.get() >= 3, 30, "retries with back-off while full")
         assert worker.metrics.redis_full._value.get() == 1

@@ -230,11 +230,11 @@ def test_the_last_round_is_not_cut_off_by_the_drain_timer(redis_server, r, monke
     """The loop ends at the drain time (0.2 s) and its last round (releases, refunds) meets a Redis busy
     for 1.5 s, past the drain timer's cut-off (0.2 s + the 1 s grace): the round still lands. The timer
     once cut the sockets under that write (the job's attempt stayed counted, seen in a loaded CI run)."""
-    from worker.run import loop
+    from worker.run import lane_run
 
     r.xgroup_create(K.requests, "test", id="0", mkstream=True)
     enqueue(r, {"id": "long", "prompt": "x", "max_tokens": 400})
-    real, busy = loop.execute, []
+    real, busy = lane_run.execute, []
 
     def execute(client, rnd):
         if worker.stop.expired() and not busy:  # the last round: hold Redis up under it
@@ -243,7 +243,7 @@ def test_the_last_round_is_not_cut_off_by_the_drain_timer(redis_server, r, monke
             time.sleep(0.1)
         return real(client, rnd)
 
-    monkeypatch.setattr(loop, "execute", execute)
+    monkeypatch.setattr(lane_run, "execute", execute)
     with structlog.testing.capture_logs() as logs:
         with running_worker(FakeEngine(step_s=0.01), redis_server.url, drain_timeout_s=0.2) as worker:
             wait_until(lambda: r.xlen(K.out("long")) >= 3, 10, "tokens of the long job")
@@ -267,5 +267,5 @@ def test_a_warm_stop_gives_back_the_attempt_it_leaves_unfinished(redis_server, r
     with running_worker(engine, redis_server.url) as worker:
         enqueue(r, {"id": "other", "prompt": "y", "max_tokens": 50})
         events = collect(r, "long", timeout_s=20)
-        assert worker.isolation.alone is None
+        assert worker.lanes[0].isolation.alone is None
     assert events[-1]["type"] == "done"

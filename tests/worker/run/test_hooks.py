@@ -1,4 +1,5 @@
-"""Benchmark tracing hangs off an observer, not the Worker: a Tracer sees every token event and latency."""
+"""Tests' and benchmarks' hooks (run/hooks.py): a Tracer sees every token event and publish latency; the
+fault hook is armed only by the environment; production holds the no-op hooks."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ from tests.helpers.worker_fakes import FakeEngine
 from worker.client import collect, enqueue
 from worker.config import WorkerConfig
 from worker.connection import connect
+from worker.run import fault_injection
+from worker.run.hooks import NO_HOOKS, TokenTrace, Tracer
 from worker.run.loop import Worker
-from worker.run.metrics import Metrics
-from worker.run.observer import TokenTrace, Tracer
-
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
 
+@pytest.mark.redis
+@pytest.mark.timeout(60)
 def test_a_tracer_records_each_token_event_and_publish_latency(redis_server, r):
-    tracer = Tracer(Metrics({"consumer": "t"}))
-    worker = Worker(FakeEngine(), connect(redis_server.url), WorkerConfig(group="test", consumer="t"), tracer)
+    tracer = Tracer()
+    cfg = WorkerConfig(group="test", consumer="t")
+    worker = Worker(FakeEngine(), connect(redis_server.url), cfg, hooks=tracer)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -36,3 +38,17 @@ def test_a_tracer_records_each_token_event_and_publish_latency(redis_server, r):
     assert all(isinstance(t, TokenTrace) and t.sampled_wall_s > 0 for t in tracer.trace)
     assert tracer.publish_latencies and min(tracer.publish_latencies) >= 0
     assert not hasattr(worker, "trace") and not hasattr(worker, "publish_latencies")
+
+
+def test_a_worker_holds_the_no_op_hooks_unless_given_others():
+    worker = Worker(FakeEngine(), connect("redis://127.0.0.1:1"), WorkerConfig(group="g", consumer="c"))
+    assert worker.hooks is NO_HOOKS
+    worker.shutdown()
+
+
+def test_only_the_environment_arms_the_fault(monkeypatch):
+    monkeypatch.delenv("CONVEYOR_TEST_KILL_JOB", raising=False)
+    assert fault_injection.from_env() is NO_HOOKS
+    monkeypatch.setenv("CONVEYOR_TEST_KILL_JOB", "poison")
+    armed = fault_injection.from_env()
+    assert isinstance(armed, fault_injection.KillOnJob) and armed.job_id == "poison"

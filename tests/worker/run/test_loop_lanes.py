@@ -1,5 +1,5 @@
-"""The lanes worker on one Redis (run/lanes_worker.py): protocol version 2's shards without a cluster, split
-streams (a lane per priority level), and a read policy changed while it runs."""
+"""The one loop over several lanes on one Redis (run/loop.py): protocol version 2's shards without a cluster
+(run/build.py), split streams (a lane per priority level), and a read policy changed while it runs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from worker.intake.priority_lanes import PriorityLanes
 from worker.intake.read_policy import ReadPolicy
 from worker.job_queue import ShardedQueue
 from worker.keys import Keys
-from worker.run.lanes_worker import LanesWorker, shards_on_one_redis
+from worker.run.build import build
+from worker.run.loop import Layout, Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -49,8 +50,8 @@ def test_two_workers_on_a_sharded_redis_run_each_job_once(redis_server, r):
     engines = [RecordingEngine(max_num_seqs=4, step_s=0.003) for _ in range(2)]
     placed: dict[str, int] = {}
     with (
-        on_a_thread(shards_on_one_redis(engines[0], connect(redis_server.url), _cfg("w1"))),
-        on_a_thread(shards_on_one_redis(engines[1], connect(redis_server.url), _cfg("w2"))),
+        on_a_thread(build(engines[0], connect(redis_server.url), _cfg("w1"))),
+        on_a_thread(build(engines[1], connect(redis_server.url), _cfg("w2"))),
     ):
         for i in range(40):
             placed[f"j{i}"] = queue.submit({"id": f"j{i}", "prompt": f"q{i}", "max_tokens": 6, "seed": i})
@@ -89,7 +90,7 @@ def test_an_idle_worker_on_one_redis_wakes_for_any_shard(redis_server, r):
 
     queue = ShardedQueue(r, ShardedKeys("conveyor", SHARDS))
     cfg = _cfg("w1", block_ms=6000 * SHARDS, lease_ms=120_000)  # (heartbeats would end an idle wait)
-    with on_a_thread(shards_on_one_redis(FakeEngine(step_s=0.001), connect(redis_server.url), cfg)):
+    with on_a_thread(build(FakeEngine(step_s=0.001), connect(redis_server.url), cfg)):
         for k in [3, 1, 2, 0]:  # (not the order an idle worker's turns would go round in)
             job_id = next(f"w{i}" for i in range(1000) if _shard(f"w{i}") == k)
             wait_until(lambda: blocked_clients(r) == 1, 30, "the worker blocked, idle")
@@ -118,7 +119,7 @@ def test_an_idle_worker_takes_over_a_dead_consumer_s_jobs_on_every_shard(redis_s
     for keys in sharded.all():
         r.xgroup_create(keys.requests, "test", id="0", mkstream=True)
     cfg = _cfg("w1", lease_ms=1000)
-    with on_a_thread(shards_on_one_redis(FakeEngine(step_s=0.001), connect(redis_server.url), cfg)):
+    with on_a_thread(build(FakeEngine(step_s=0.001), connect(redis_server.url), cfg)):
         for k in [2, 0, 3, 1, 2, 0]:
             keys, job_id = sharded.shard(k), f"d{k}-{r.incr('n')}"
             r.xadd(keys.requests, {JOB_FIELD: json.dumps({"id": job_id, "prompt": "p", "max_tokens": 3})})
@@ -165,10 +166,11 @@ def test_takeover_after_kill_9_on_a_sharded_redis(redis_server, r, tiny_model, t
     assert r.xinfo_groups(keys.requests)[0]["pending"] == 0
 
 
-def _split_worker(url: str, engine, policy: ReadPolicy, consumer: str = "w1") -> LanesWorker:
+def _split_worker(url: str, engine, policy: ReadPolicy, consumer: str = "w1") -> Worker:
     lanes = split_stream(Keys(), "test", ["p0", "p1"])
     cfg = WorkerConfig(group="test", consumer=consumer, lease_ms=3000)
-    return LanesWorker(engine, lanes, [connect(url)] * len(lanes), cfg, policy)
+    client = connect(url)
+    return Worker(engine, client, cfg, layout=Layout(lanes, [client] * len(lanes), policy))
 
 
 def test_split_stream_lanes_run_through_one_worker(redis_server, r):

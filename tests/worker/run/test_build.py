@@ -1,5 +1,5 @@
 """Priority and tenant lanes served by a real engine (the tiny model) through a real Redis
-(run/layout_worker.py over run/lanes_worker.py): jobs go to their lanes through the Python client, and
+(the layout's worker from run/build.py, read by the one loop): jobs go to their lanes through the Python client, and
 the order the worker admits them in ("job admitted" log lines) and the tokens their done events report
 show that smaller priorities run first across the backlog and that tenants share by weight."""
 
@@ -19,7 +19,7 @@ from worker.config import WorkerConfig
 from worker.connection import connect
 from worker.intake.lane_layout import priority_layout, tenant_layout
 from worker.keys import Keys
-from worker.run.layout_worker import layout_worker
+from worker.run.build import build
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 KEYS = Keys()
@@ -53,9 +53,7 @@ def _cfg() -> WorkerConfig:
 def test_a_priority_0_job_queued_behind_eight_of_priority_10_finishes_first(redis_server, tiny_model):
     client = connect(redis_server.url)
     client.flushall()
-    worker = layout_worker(
-        real_engine(tiny_model, max_num_seqs=2), client, _cfg(), priority_layout(KEYS, [0, 10])
-    )
+    worker = build(real_engine(tiny_model, max_num_seqs=2), client, _cfg(), priority_layout(KEYS, [0, 10]))
     entries = {f"bulk{i}": enqueue(client, _job(f"bulk{i}", 6, priority=10), KEYS) for i in range(8)}
     entries["urgent"] = enqueue(client, _job("urgent", 6), KEYS)  # last in, priority 0
     assert client.xlen("conveyor:requests:p10") == 8 and client.xlen("conveyor:requests") == 1
@@ -69,9 +67,7 @@ def test_a_priority_0_job_queued_behind_eight_of_priority_10_finishes_first(redi
 def test_a_priority_0_job_arriving_during_a_flood_is_read_next(redis_server, tiny_model):
     client = connect(redis_server.url)
     client.flushall()
-    worker = layout_worker(
-        real_engine(tiny_model, max_num_seqs=2), client, _cfg(), priority_layout(KEYS, [0, 10])
-    )
+    worker = build(real_engine(tiny_model, max_num_seqs=2), client, _cfg(), priority_layout(KEYS, [0, 10]))
     bulk = [f"bulk{i}" for i in range(8)]
     for job_id in bulk:
         enqueue(client, _job(job_id, 24, priority=10), KEYS)
@@ -105,7 +101,7 @@ def test_a_flooding_tenant_shares_by_weight_and_cannot_delay_another(
     seqs, tokens = 4, 4
     layout = tenant_layout(KEYS, ["a", "b"])
     engine = real_engine(tiny_model, max_num_seqs=seqs)
-    worker = layout_worker(engine, client, _cfg(), layout, {"a": weight_a, "b": weight_b})
+    worker = build(engine, client, _cfg(), layout, {"a": weight_a, "b": weight_b})
     entries = {f"a{i}": enqueue(client, _job(f"a{i}", tokens, tenant="a"), KEYS) for i in range(200)}
     b_jobs = [f"b{i}" for i in range(20)]
     with capture_logs() as logs, on_a_thread(worker):
@@ -140,7 +136,7 @@ def test_a_tenant_first_seen_at_run_time_gets_its_own_share_without_a_restart(re
     seqs, tokens = 4, 4
     layout = tenant_layout(KEYS, ["a"])
     cfg = replace(_cfg(), registry_interval_s=0.2)
-    worker = layout_worker(real_engine(tiny_model, max_num_seqs=seqs), client, cfg, layout, {})
+    worker = build(real_engine(tiny_model, max_num_seqs=seqs), client, cfg, layout, {})
     beat = Heartbeat(
         client,
         KEYS,
@@ -181,7 +177,7 @@ def test_jobs_without_a_tenant_share_the_default_lane_and_every_tenant_has_its_o
     client = connect(redis_server.url)
     client.flushall()
     layout = tenant_layout(KEYS, ["a"])
-    worker = layout_worker(real_engine(tiny_model, max_num_seqs=2), client, _cfg(), layout, {"default": 2})
+    worker = build(real_engine(tiny_model, max_num_seqs=2), client, _cfg(), layout, {"default": 2})
     jobs = [_job("named", 3, tenant="a"), _job("other", 3, tenant="zz"), _job("none", 3)]
     for job in jobs:
         enqueue(client, job, KEYS)
