@@ -62,8 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.detokenizer import TextStream  # noqa: E402
-from engine.sampler import Sampler, _SparseEdits  # noqa: E402  (the sampler's own in-place edit helper)
-from engine.sampling.batch_params import output_lengths  # noqa: E402
+from engine.sampling.host_sampler import Sampler, _SparseEdits  # noqa: E402  (its in-place edit helper)
 from engine.sampling.noise import row_seeds  # noqa: E402
 from engine.sampling.race import race  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
@@ -302,8 +301,8 @@ def host_without_logits_pass_ms(engine: LLMEngine, clock: Clock, steps: int) -> 
     """Bare greedy steps with the sampler's argmax answered from a table computed beforehand (the same
     tokens), so no pass over the logits runs on this CPU, as on a GPU: the host work alone, without the
     cache misses that the 32 MB pass causes in the Python after it. None when the sampler no longer calls
-    engine.sampler.argmax_rows on a view of the stub's logits table (then the replacement cannot answer)."""
-    import engine.sampler as sampler_module
+    engine.sampling.host_sampler.argmax_rows on a view of the stub's logits table (then the replacement cannot answer)."""
+    import engine.sampling.host_sampler as sampler_module
 
     original = getattr(sampler_module, "argmax_rows", None)
     table = engine.runner.model._table  # [2 * rows, V] float32, rows rotate each step
@@ -354,12 +353,12 @@ def sampling_math_ms(logits: torch.Tensor, requests: list, repeats: int = 10) ->
     candidates, argmax). The per-request Python that builds its inputs (parameter arrays, seen-token sync,
     row seeds) is done once outside the timed region: that part is host work on any device."""
     sampler = Sampler(logits.shape[1], frozenset())
-    bp = sampler.batch_params(requests)
-    penalty, row, col = sampler.repetition(bp)
+    view = sampler.requests.sync(requests)
+    penalty, row, col = sampler.repetition(view)
     rows, cols = torch.from_numpy(row), torch.from_numpy(col)
-    rep = torch.from_numpy(bp.repetition)[rows]
-    seeds = row_seeds(bp.seed, bp.seeded, bp.sample_index, output_lengths(requests))
-    lists = (bp.temperature, bp.top_k, bp.top_p, bp.min_p, seeds, penalty)
+    rep = torch.from_numpy(view.repetition)[rows]
+    seeds = row_seeds(*view.seeds_input())
+    lists = (view.temperature, view.top_k, view.top_p, view.min_p, seeds, penalty)
     times = []
     # The first calls size the candidate set of the penalised top-k (`SeenPenalty.extra`), as the engine's
     # sampler did over its own first steps: untimed.

@@ -41,8 +41,7 @@ def repetition_penalty(rows: int, vocab: int, factor: float):
     their top-k candidates, the same penalty as sparse edits: a callable (logits, race call) -> tokens).
     None if the code predates it."""
     try:
-        from engine.sampler import Sampler, _SparseEdits
-        from engine.sampling.penalised_topk import SeenPenalty  # noqa: F401  (present on new code only)
+        from engine.sampling.host_sampler import Sampler, _SparseEdits
     except ImportError:
         return None
     from engine.core.request import Request
@@ -55,11 +54,11 @@ def repetition_penalty(rows: int, vocab: int, factor: float):
         for i in range(rows)
     ]
     sampler = Sampler(vocab, frozenset())
-    bp = sampler.batch_params(reqs)
-    penalty, _, _ = sampler.repetition(bp)
-    row, col = sampler._seen.index(list(range(rows)))
+    view = sampler.requests.sync(reqs)
+    penalty, _, _ = sampler.repetition(view)
+    row, col = view.seen_index(np.arange(rows))
     rows_t, cols_t = torch.from_numpy(row), torch.from_numpy(col)
-    rep = torch.from_numpy(bp.repetition)[rows_t]
+    rep = torch.from_numpy(view.repetition)[rows_t]
 
     def by_edits(logits: torch.Tensor, *call) -> list[int]:
         edits = _SparseEdits(logits)

@@ -12,7 +12,7 @@ this cost ~7 ms at 256 sequences x 1k tokens; here the sequences' fields are rea
     positions:  5 6 7                       9              arange(T) - qsl[seq_of] + start[seq_of]
     slots:      table[row[seq_of], pos // bs] * bs + pos % bs
 
-Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table,
+Block tables are kept between steps in the persistent batch (`engine.batch_rows`): each request owns a row,
 written by the runner from the scheduler's diffs (the blocks appended since the last step); a step
 gathers its rows. The results are written into the
 host mirrors of device buffers allocated once (on the CPU, the buffers themselves), so the tensors of a
@@ -23,7 +23,6 @@ table row, so a padded batch computes the same rows for every real sequence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
 from operator import add, attrgetter
@@ -32,72 +31,7 @@ import numpy as np
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-
-
-class BlockTables:
-    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end).
-
-    The runner owns the rows and writes them from the scheduler's diffs: a request's whole table on its
-    first step and after a preemption (`set`), otherwise only the blocks appended since (`append`: one
-    scalar write every block_size decode steps, nothing on the others).
-    """
-
-    def __init__(self, rows: int = 64, width: int = 64) -> None:
-        self.table = np.zeros((rows, width), dtype=np.int32)
-        self.row_of: dict[str, int] = {}  # request id -> its row
-        self._len: dict[str, int] = {}  # request id -> block ids written in its row
-        self._free = list(range(rows - 1, -1, -1))
-
-    @property
-    def rows(self) -> dict[str, int]:
-        """request id -> its row."""
-        return dict(self.row_of)
-
-    def set(self, request_id: str, block_ids: Sequence[int]) -> int:
-        """The request's row, holding exactly `block_ids` (a new row for a new id)."""
-        row = self.row_of.get(request_id)
-        if row is None:
-            row = self.row_of[request_id] = self._take()
-        else:
-            self.table[row, : self._len[request_id]] = 0
-        self._write(row, 0, block_ids)
-        self._len[request_id] = len(block_ids)
-        return row
-
-    def append(self, request_id: str, block_ids: Sequence[int]) -> None:
-        """Append `block_ids` to the request's row."""
-        known = self._len[request_id]
-        self._write(self.row_of[request_id], known, block_ids)
-        self._len[request_id] = known + len(block_ids)
-
-    def _write(self, row: int, start: int, block_ids: Sequence[int]) -> None:
-        """Write block_ids at columns start, start + 1, ... of the row."""
-        n = start + len(block_ids)
-        if n > self.table.shape[1]:
-            self._grow(width=max(n, 2 * self.table.shape[1]))
-        if n == start + 1:  # one block appended: the common case, a scalar write
-            self.table[row, start] = block_ids[0]
-        elif n > start:
-            self.table[row, start:n] = block_ids
-
-    def release(self, request_id: str) -> None:
-        row = self.row_of.pop(request_id, None)
-        if row is not None:
-            self.table[row, : self._len.pop(request_id)] = 0
-            self._free.append(row)
-
-    def _take(self) -> int:
-        if not self._free:
-            old = self.table.shape[0]
-            self._grow(rows=2 * old)
-            self._free = list(range(2 * old - 1, old - 1, -1))
-        return self._free.pop()
-
-    def _grow(self, rows: int | None = None, width: int | None = None) -> None:
-        r, w = rows or self.table.shape[0], width or self.table.shape[1]
-        table = np.zeros((r, w), dtype=np.int32)
-        table[: self.table.shape[0], : self.table.shape[1]] = self.table
-        self.table = table
+from engine.batch_rows import BatchRows
 
 
 class DeviceBuffers:
@@ -192,8 +126,6 @@ class SequenceLayout:
     # The tokens whose KV this step computes (a placeholder id where the host does not know it yet).
     token_ids: list[int]
     start_pos: int
-    # Its whole block table, written into its row by prepare(); None when the runner already wrote the row.
-    block_ids: Sequence[int] | None
     sample: bool
     fork_of: str | None = None  # a fork (no tokens) samples from this request's last row
 
@@ -251,9 +183,11 @@ class InputBatch:
         max_tokens: int = 2048,
         max_seqs: int = 64,
         max_blocks: int = 64,
+        rows: BatchRows | None = None,
     ) -> None:
+        """rows: the persistent batch whose block tables steps read (default: one of its own)."""
         self.block_size = block_size
-        self.tables = BlockTables(max_seqs, max_blocks)
+        self.rows = rows if rows is not None else BatchRows(1, rows=max_seqs, width=max_blocks)
         self.buffers = DeviceBuffers(device, max_tokens, max_seqs, max_blocks)
         self._arange = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: sliced, never written
 
@@ -263,15 +197,12 @@ class InputBatch:
         pad_to: int | None = None,
         full_width: bool = False,
     ) -> PreparedStep:
-        """Lay out `seqs`; their block table rows are `tables`' (written first from `block_ids` where given).
+        """Lay out `seqs`; their block tables are their rows of `self.rows`.
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
         bs = self.block_size
-        tables = self.tables
+        tables = self.rows
         self.buffers.host_free()
-        for s in seqs:
-            if s.block_ids is not None:
-                tables.set(s.request_id, s.block_ids)
         rids, toks, starts, samples = _columns(seqs)
         qlens = list(map(len, toks))
         forked = None

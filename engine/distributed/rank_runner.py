@@ -24,7 +24,7 @@ from engine.distributed.group import TPGroup
 from engine.kv_cache import allocate_kv_pool, capped_num_blocks, num_blocks_for_budget
 from engine.model_loader import ModelSpec, load_model
 from engine.model_runner import ModelRunner
-from engine.sampler import TokenSampler
+from engine.sampling.interface import TokenSampler
 
 
 @dataclass(frozen=True)

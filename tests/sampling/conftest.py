@@ -7,7 +7,9 @@ import itertools
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from engine.batch_view import RowView
 from engine.core.request import Request
+from engine.sampling.request_rows import RequestRows
 from engine.sampling_params import SamplingParams
 from engine.tiny_model import train_byte_level_bpe
 
@@ -52,3 +54,8 @@ def make_request(
 @pytest.fixture
 def make_req():
     return make_request
+
+
+def rows_of(requests: list[Request], vocab_size: int, eos: frozenset[int] = frozenset()) -> RowView:
+    """The requests as rows of a fresh persistent batch."""
+    return RequestRows(vocab_size, eos).sync(requests)
