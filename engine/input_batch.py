@@ -23,9 +23,10 @@ table row, so a padded batch computes the same rows for every real sequence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
-from operator import add, attrgetter
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -200,9 +201,6 @@ class InputBatch:
         """Lay out `seqs`; their block tables are their rows of `self.rows`.
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
-        bs = self.block_size
-        tables = self.rows
-        self.buffers.host_free()
         rids, toks, starts, samples = _columns(seqs)
         qlens = list(map(len, toks))
         forked = None
@@ -211,15 +209,39 @@ class InputBatch:
             rids, toks, starts, samples = _columns([s for s in seqs if s.token_ids])
             qlens = list(map(len, toks))
         ids = list(chain.from_iterable(toks))
-        row_of = tables.row_of
-        rows = [row_of[rid] for rid in rids]
+        row_of = self.rows.row_of
+        rows = np.array([row_of[rid] for rid in rids], dtype=np.int64)
+        decode_only = len(ids) == len(qlens)  # one token per sequence
+        return self.lay_out(
+            list(rids), rows, ids, starts, None if decode_only else qlens, samples, forked, pad_to, full_width
+        )
 
-        num_real, real_tokens = len(qlens), len(ids)
-        decode_only = real_tokens == num_real  # one token per sequence
+    def lay_out(
+        self,
+        rids: list[str],
+        row_arr: np.ndarray,
+        ids: Sequence[int] | np.ndarray,
+        starts: Sequence[int] | np.ndarray,
+        qlens: Sequence[int] | None,
+        samples: Sequence[bool] | np.ndarray | None,
+        forked: tuple[list[str], list[int]] | None = None,
+        pad_to: int | None = None,
+        full_width: bool = False,
+    ) -> PreparedStep:
+        """`prepare` from columns: per sequence its request id, row [S] int64, start position and query
+        length (qlens None: one token each, a decode-only step), whether it samples (None: all do); the
+        flat token ids [T]; forked: (sampled ids, their flat rows) for a step with forks."""
+        bs = self.block_size
+        tables = self.rows
+        self.buffers.host_free()
+        num_real, real_tokens = len(rids), len(ids)
+        decode_only = qlens is None
         pad = pad_to - num_real if pad_to is not None and pad_to > num_real and decode_only else 0
         num_seqs, num_tokens = num_real + pad, real_tokens + pad
         buf = self.buffers
-        width = -(-max(map(add, starts, qlens)) // bs) if num_real else 1
+        start = np.asarray(starts, dtype=np.int64)  # [S]
+        q = None if qlens is None else np.asarray(qlens, dtype=np.int64)  # [S]
+        width = -(-int((start + (1 if q is None else q)).max()) // bs) if num_real else 1
         num_samples = len(forked[0]) if forked is not None else num_real
         buf.fit(num_tokens, max(num_seqs, num_samples), width)
         table = tables.table
@@ -234,18 +256,16 @@ class InputBatch:
         input_ids[:real_tokens] = ids
         input_ids[real_tokens:] = 0
         pos = host["positions"][:num_tokens]  # [T]
-        row_arr = np.array(rows, dtype=np.int64)  # [S_real]
         seq_lens = host["seq_lens"][:num_seqs]  # [S] int32
         qsl = host["query_start_loc"][: num_seqs + 1]  # [S + 1] int32
         if decode_only:  # token i is sequence i: positions are the starts, no per-token index arithmetic
-            pos[:num_real] = starts
+            pos[:num_real] = start
             pos[num_real:] = 0
             np.add(pos, 1, out=seq_lens, casting="unsafe")
             qsl[:] = self._arange[: num_seqs + 1]
             token_rows, real_pos = row_arr, pos[:real_tokens]
         else:
-            q = np.array(qlens, dtype=np.int64)  # [S]
-            start = np.array(starts, dtype=np.int64)  # [S]
+            assert q is not None
             last = np.cumsum(q)  # [S]: end of each sequence's tokens
             qsl[0] = 0
             qsl[1:] = last
@@ -265,7 +285,7 @@ class InputBatch:
         if forked is not None:
             sample_ids, sample_list = forked
             host["sample_rows"][:num_samples] = sample_list
-        elif all(samples):  # every sequence samples from its last token
+        elif samples is None or all(samples):  # every sequence samples from its last token
             sample_ids = list(rids)
             np.subtract(qsl[1 : num_real + 1], 1, out=host["sample_rows"][:num_real])
         else:
@@ -280,10 +300,10 @@ class InputBatch:
             query_start_loc=up("query_start_loc", num_seqs + 1),
             seq_lens=up("seq_lens", num_seqs),
             block_tables=up("block_tables", num_seqs * out_width, (num_seqs, out_width)),
-            max_query_len=1 if decode_only else max(qlens),
+            max_query_len=1 if qlens is None else max(qlens),
             max_seq_len=max(seq_lens_cpu),
             is_decode_only=decode_only,
-            query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens),
+            query_lens_cpu=(1,) * num_seqs if qlens is None else tuple(qlens),
             seq_lens_cpu=seq_lens_cpu,
         )
         step = PreparedStep(
