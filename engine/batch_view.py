@@ -19,6 +19,15 @@ if TYPE_CHECKING:
     from engine.batch_rows import BatchRows
 
 
+def _gathered(column: str) -> cached_property[np.ndarray]:
+    """A [B] gather of one of the batch's columns, made when first read."""
+
+    def gather(view: RowView) -> np.ndarray:
+        return getattr(view.batch, column)[view.rows]
+
+    return cached_property(gather)
+
+
 class RowView:
     def __init__(self, batch: BatchRows, rows: np.ndarray, request_ids: list[str]) -> None:
         self.batch = batch
@@ -28,43 +37,20 @@ class RowView:
     def __len__(self) -> int:
         return len(self.request_ids)
 
-    @cached_property
-    def temperature(self) -> np.ndarray:
-        return self.batch.temperature[self.rows]
+    # [B] each: the step's rows of these columns of the batch.
+    temperature = _gathered("temperature")
+    top_k = _gathered("top_k")
+    top_p = _gathered("top_p")
+    min_p = _gathered("min_p")
+    repetition = _gathered("repetition")
+    presence = _gathered("presence")
+    frequency = _gathered("frequency")
+    logprobs = _gathered("logprobs")  # top logprobs asked per row, -1 where none
 
     @cached_property
     def greedy(self) -> np.ndarray:
         """[B] bool: temperature 0."""
         return self.temperature == 0.0
-
-    @cached_property
-    def top_k(self) -> np.ndarray:
-        return self.batch.top_k[self.rows]
-
-    @cached_property
-    def top_p(self) -> np.ndarray:
-        return self.batch.top_p[self.rows]
-
-    @cached_property
-    def min_p(self) -> np.ndarray:
-        return self.batch.min_p[self.rows]
-
-    @cached_property
-    def repetition(self) -> np.ndarray:
-        return self.batch.repetition[self.rows]
-
-    @cached_property
-    def presence(self) -> np.ndarray:
-        return self.batch.presence[self.rows]
-
-    @cached_property
-    def frequency(self) -> np.ndarray:
-        return self.batch.frequency[self.rows]
-
-    @cached_property
-    def logprobs(self) -> np.ndarray:
-        """[B] int64: top logprobs asked per row, -1 where none."""
-        return self.batch.logprobs[self.rows]
 
     @cached_property
     def rep_rows(self) -> np.ndarray:
