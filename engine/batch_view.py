@@ -107,11 +107,15 @@ class RowView:
 
     def seen_index(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position, id) int64 pairs: each distinct seen token of each of `positions`."""
+        positions = np.asarray(positions, dtype=np.int64)
         rows = self.rows[positions]
         n = self.batch.num_seen[rows]  # [P]
-        width = int(n.max()) if len(n) else 0
-        pos, col = np.nonzero(np.arange(width)[None, :] < n[:, None])  # [N] each
-        return np.asarray(positions, dtype=np.int64)[pos], self.batch.seen_ids[rows[pos], col]
+        if not len(rows):
+            return positions, positions
+        seen = self.batch.seen_ids
+        # Contiguous slices joined by one copy: cheaper than a 2-D gather of every pair.
+        cols = np.concatenate([seen[r, :k] for r, k in zip(rows.tolist(), n.tolist(), strict=True)])
+        return np.repeat(positions, n), cols
 
     def output_index(self) -> tuple[np.ndarray, np.ndarray]:
         """(position, token) int64 pairs: every output token of every row (repeats kept: counts)."""
