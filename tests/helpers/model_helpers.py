@@ -63,7 +63,7 @@ class GreedyResult:
 
 
 class GreedySampler:
-    """Stand-in for engine.sampler.Sampler: argmax, so these tests do not depend on the sampler's work."""
+    """Stand-in for the host Sampler: argmax, so these tests do not depend on the sampler's work."""
 
     def __init__(self, vocab_size: int = 0, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.calls: list[tuple[torch.Tensor, list[str]]] = []
