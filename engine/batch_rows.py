@@ -81,8 +81,8 @@ class BatchRows:
         self.banned: list[tuple[int, ...]] = []  # [n] ids barred while output < min_tokens
         for name, dtype in _COLUMNS:
             setattr(self, name, np.zeros(rows, dtype=dtype))
-        self.token_ids = np.zeros((rows, length), dtype=np.int64)  # [R, L]
-        self.seen_ids = np.zeros((rows, length), dtype=np.int64)  # [R, L]
+        self.token_ids = np.zeros((rows, length), dtype=np.int32)  # [R, L]: int32, as vLLM (half the memory)
+        self.seen_ids = np.zeros((rows, length), dtype=np.int32)  # [R, L]
         self.table = np.zeros((rows, width), dtype=np.int32)  # [R, W]
         self.bits = np.zeros((rows, (vocab_size + 7) // 8), dtype=np.uint8)  # [R, ceil(V / 8)]
 
@@ -192,7 +192,7 @@ class BatchRows:
             self._see_one(rows[tracked], tokens[tracked])
 
     def tokens(self, row: int) -> np.ndarray:
-        """[num_tokens] int64, a view: prompt + output of the row."""
+        """[num_tokens] int32, a view: prompt + output of the row."""
         return self.token_ids[row, : self.num_tokens[row]]
 
     def _see_one(self, rows: np.ndarray, tokens: np.ndarray) -> None:
