@@ -37,7 +37,7 @@ and `--json PATH` writes them as a list of {"scenario", "device_ms", "step_ms", 
 
     python benchmarks/host_overhead.py --device-ms 5 --async-scheduling --json /tmp/async5.json
 
-Scenarios (targets from issue 10, on this CPU): 256 running sequences with ~1k-token contexts, greedy
+Scenarios (targets from issue 10, on this CPU): 256 running sequences with ~600-token contexts (`--context`), greedy
 (< 2 ms/step); the same with temperature, top-p, top-k, repetition penalty and a seed per request (< 3 ms);
 one step carrying an 8,192-token prefill (< 5 ms). Writes benchmarks/results/host_overhead-<label>.json.
 """
@@ -62,8 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.detokenizer import TextStream  # noqa: E402
-from engine.sampler import Sampler, _SparseEdits  # noqa: E402  (the sampler's own in-place edit helper)
-from engine.sampling.batch_params import output_lengths  # noqa: E402
+from engine.sampling.host_sampler import Sampler, _SparseEdits  # noqa: E402  (its in-place edit helper)
 from engine.sampling.noise import row_seeds  # noqa: E402
 from engine.sampling.race import race  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
@@ -220,8 +219,50 @@ def summarise(clock: Clock) -> dict:
     out = {}
     for part in (*PARTS, "total", "cpu", "gc", "bare", "bare_cpu"):
         values_ms = [v * 1e3 for v in clock.parts[part]]
-        out[part] = {"mean_ms": statistics.fmean(values_ms), "median_ms": statistics.median(values_ms)}
+        out[part] = {
+            "mean_ms": statistics.fmean(values_ms),
+            "median_ms": statistics.median(values_ms),
+            "p99_ms": p99(values_ms),
+        }
     return out
+
+
+def p99(values: list[float]) -> float:
+    """The 99th percentile (nearest rank): the slowest of 100 steps, the second slowest of 200."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def context_prompt(real: torch.Tensor, gen: torch.Generator, context: int) -> list[int]:
+    """A prompt of context +- 100 tokens drawn from the tokenizer's real ids."""
+    n = context - 100 + int(torch.randint(0, 200, (1,), generator=gen))
+    return real[torch.randint(0, len(real), (n,), generator=gen)].tolist()
+
+
+def profile_steps(engine: LLMEngine, steps: int, top: int = 25) -> list[dict]:
+    """cProfile over `steps` bare steps: the `top` functions by own time, with calls per step."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in stats.items():
+        where = f"{Path(file).name}:{line}({name})" if line else name
+        rows.append(
+            {
+                "function": where,
+                "calls_per_step": calls / steps,
+                "own_ms_per_step": tottime / steps * 1e3,
+                "cum_ms_per_step": cumtime / steps * 1e3,
+            }
+        )
+    rows.sort(key=lambda r: -r["own_ms_per_step"])
+    return rows[:top]
 
 
 def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], args) -> dict:
@@ -230,9 +271,7 @@ def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], arg
     real = real_token_ids(engine.tokenizer)
     gen = torch.Generator().manual_seed(1)
     for i in range(args.batch):
-        n = 900 + int(torch.randint(0, 200, (1,), generator=gen))
-        prompt = real[torch.randint(0, len(real), (n,), generator=gen)].tolist()
-        engine.add_request(f"r{i}", prompt, params_for(i))
+        engine.add_request(f"r{i}", context_prompt(real, gen, args.context), params_for(i))
     while engine.stats().num_waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
         clock.step(engine)  # prefill, in 8192-token chunks
     for _ in range(args.warmup):
@@ -252,6 +291,9 @@ def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], arg
     out["host_ms"] = out["bare"]["mean_ms"] - out["device_math_ms"]
     if greedy:
         out["host_without_logits_pass_ms"] = host_without_logits_pass_ms(engine, clock, args.steps)
+    if args.profile:
+        clock.instrument(False)
+        out["profile"] = profile_steps(engine, args.profile)
     return out
 
 
@@ -259,8 +301,8 @@ def host_without_logits_pass_ms(engine: LLMEngine, clock: Clock, steps: int) -> 
     """Bare greedy steps with the sampler's argmax answered from a table computed beforehand (the same
     tokens), so no pass over the logits runs on this CPU, as on a GPU: the host work alone, without the
     cache misses that the 32 MB pass causes in the Python after it. None when the sampler no longer calls
-    engine.sampler.argmax_rows on a view of the stub's logits table (then the replacement cannot answer)."""
-    import engine.sampler as sampler_module
+    engine.sampling.host_sampler.argmax_rows on a view of the stub's logits table (then the replacement cannot answer)."""
+    import engine.sampling.host_sampler as sampler_module
 
     original = getattr(sampler_module, "argmax_rows", None)
     table = engine.runner.model._table  # [2 * rows, V] float32, rows rotate each step
@@ -311,12 +353,12 @@ def sampling_math_ms(logits: torch.Tensor, requests: list, repeats: int = 10) ->
     candidates, argmax). The per-request Python that builds its inputs (parameter arrays, seen-token sync,
     row seeds) is done once outside the timed region: that part is host work on any device."""
     sampler = Sampler(logits.shape[1], frozenset())
-    bp = sampler.batch_params(requests)
-    penalty, row, col = sampler.repetition(bp)
+    view = sampler.requests.sync(requests)
+    penalty, row, col = sampler.repetition(view)
     rows, cols = torch.from_numpy(row), torch.from_numpy(col)
-    rep = torch.from_numpy(bp.repetition)[rows]
-    seeds = row_seeds(bp.seed, bp.seeded, bp.sample_index, output_lengths(requests))
-    lists = (bp.temperature, bp.top_k, bp.top_p, bp.min_p, seeds, penalty)
+    rep = torch.from_numpy(view.repetition)[rows]
+    seeds = row_seeds(*view.seeds_input())
+    lists = (view.temperature, view.top_k, view.top_p, view.min_p, seeds, penalty)
     times = []
     # The first calls size the candidate set of the penalised top-k (`SeenPenalty.extra`), as the engine's
     # sampler did over its own first steps: untimed.
@@ -369,7 +411,7 @@ def sampled_params(i: int) -> SamplingParams:
 
 
 def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], SamplingParams], args) -> dict:
-    """Decode steps of `args.batch` ~1k-token sequences over the simulated device (see the docstring)."""
+    """Decode steps of `args.batch` `--context`-token sequences over the simulated device (see the docstring)."""
     from benchmarks.simulated_device import attach, idle_fraction
 
     engine = LLMEngine(
@@ -387,10 +429,7 @@ def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], Sa
     device = attach(engine, args.device_ms, real.tolist())
     gen = torch.Generator().manual_seed(1)
     for i in range(args.batch):
-        n = 900 + int(torch.randint(0, 200, (1,), generator=gen))
-        engine.add_request(
-            f"r{i}", real[torch.randint(0, len(real), (n,), generator=gen)].tolist(), params_for(i)
-        )
+        engine.add_request(f"r{i}", context_prompt(real, gen, args.context), params_for(i))
     while engine.stats().num_waiting or any(r.num_output_tokens == 0 for r in engine.scheduler.running):
         engine.step()  # prefill, in 8192-token chunks
     for _ in range(args.warmup):
@@ -398,8 +437,11 @@ def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], Sa
     gc.collect()
     gc.freeze()
     busy, t0, c0 = device.busy_s, time.perf_counter(), time.thread_time()
+    times = []
     for _ in range(args.steps):
+        s0 = time.perf_counter()
         deltas = engine.step()
+        times.append((time.perf_counter() - s0) * 1e3)
         if len(deltas) != args.batch:
             raise RuntimeError(f"expected {args.batch} decodes in the step, got {len(deltas)}")
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
@@ -408,6 +450,8 @@ def run_simulated(model_dir: Path, scenario: str, params_for: Callable[[int], Sa
         "scenario": scenario,
         "device_ms": args.device_ms,
         "step_ms": wall / args.steps * 1e3,
+        "step_median_ms": statistics.median(times),
+        "step_p99_ms": p99(times),
         "device_idle": idle_fraction(device, busy, wall),
         # The host thread's CPU time per step: its own work, without waiting for the device or a core.
         "host_cpu_ms": cpu / args.steps * 1e3,
@@ -445,6 +489,8 @@ def main() -> None:
     # One thread: on this shared 2-core machine torch's second OpenMP thread turned 0.06 ms element-wise
     # ops on [256, 50] into ~16 ms waits; host work is one Python thread anyway.
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--context", type=int, default=600, help="prompt tokens per sequence (+- 100)")
+    ap.add_argument("--profile", type=int, default=0, help="decode: cProfile this many steps after timing")
     ap.add_argument("--scenarios", default="decode_greedy,decode_sampling,prefill_8k")
     ap.add_argument(
         "--out", type=Path, help="write the JSON here instead of results/host_overhead-<label>.json"

@@ -8,7 +8,7 @@ that take `device_ms` per step, while the host goes on, as a CUDA stream does.
 
 What stays real: the engine (scheduler, runner input layout, detokenizer, deltas) and the sampler's
 per-step host bookkeeping (parameter arrays, min_tokens, the seen tokens of penalised rows, row seeds),
-done as `engine.sampler.Sampler` does it. What is replaced: the pass over the logits. The sampled ids are
+done as `engine.sampling.host_sampler.Sampler` does it. What is replaced: the pass over the logits. The sampled ids are
 deterministic (from each row's request id and output length), so the tokens, and the work the engine
 does for them, are the same whatever the scheduling mode.
 """
@@ -22,10 +22,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from engine.sampler import SampledIds, SamplerResult
-from engine.sampling.batch_params import BatchParams, output_lengths
+from engine.batch_view import RowView
+from engine.sampling.interface import SampledIds, SamplerResult
 from engine.sampling.noise import row_seeds
-from engine.sampling.seen_tokens import SeenTokens
 
 
 class SimulatedDevice:
@@ -64,26 +63,19 @@ class SimulatedSampler:
 
     def __init__(self, device: SimulatedDevice, vocab_ids: list[int]) -> None:
         self.device, self.vocab_ids = device, vocab_ids
-        self._params: BatchParams | None = None
-        self._seen = SeenTokens(max(vocab_ids) + 1)
 
-    def launch(self, logits: torch.Tensor, requests: list) -> SampledIds:
-        bp = self._params = BatchParams.reuse(self._params, requests, max(self.vocab_ids) + 1)
-        bp.min_tokens_pending()
-        if not bp.plain_greedy:  # what the host does for a sampled batch whatever the device
-            if bp.rep_rows:
-                self._seen.sync([bp.requests[i] for i in bp.rep_rows])
-                self._seen.index(bp.rep_rows)
-            row_seeds(bp.seed, bp.seeded, bp.sample_index, output_lengths(requests))
-        keys = [(r.request_id, len(r.output_token_ids)) for r in requests]
+    def launch(self, logits: torch.Tensor, view: RowView) -> SampledIds:
+        view.banned()
+        if not view.plain_greedy:  # what the host does for a sampled batch whatever the device
+            if len(view.rep_rows):
+                view.seen_index(view.rep_rows)
+            row_seeds(*view.seeds_input())
+        keys = list(zip(view.request_ids, view.output_len.tolist(), strict=True))
         ids = self.vocab_ids
         wait = self.device.submit(
             0.0, lambda: [ids[zlib.crc32(f"{k}/{n}".encode()) % len(ids)] for k, n in keys]
         )
         return SampledIds(None, lambda: SamplerResult(wait(), [None] * len(keys)))  # type: ignore[arg-type]
-
-    def __call__(self, logits: torch.Tensor, requests: list) -> SamplerResult:
-        return self.launch(logits, requests).read()
 
 
 def attach(engine, device_ms: float, vocab_ids: list[int]) -> SimulatedDevice:

@@ -12,7 +12,7 @@ this cost ~7 ms at 256 sequences x 1k tokens; here the sequences' fields are rea
     positions:  5 6 7                       9              arange(T) - qsl[seq_of] + start[seq_of]
     slots:      table[row[seq_of], pos // bs] * bs + pos % bs
 
-Block tables are kept between steps (vLLM's persistent batch): each request owns a row of a numpy table,
+Block tables are kept between steps in the persistent batch (`engine.batch_rows`): each request owns a row,
 written by the runner from the scheduler's diffs (the blocks appended since the last step); a step
 gathers its rows. The results are written into the
 host mirrors of device buffers allocated once (on the CPU, the buffers themselves), so the tensors of a
@@ -26,78 +26,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
-from operator import add, attrgetter
+from operator import attrgetter
 
 import numpy as np
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-
-
-class BlockTables:
-    """request id -> a row of a persistent [rows, width] int32 table holding its block ids (0 past the end).
-
-    The runner owns the rows and writes them from the scheduler's diffs: a request's whole table on its
-    first step and after a preemption (`set`), otherwise only the blocks appended since (`append`: one
-    scalar write every block_size decode steps, nothing on the others).
-    """
-
-    def __init__(self, rows: int = 64, width: int = 64) -> None:
-        self.table = np.zeros((rows, width), dtype=np.int32)
-        self.row_of: dict[str, int] = {}  # request id -> its row
-        self._len: dict[str, int] = {}  # request id -> block ids written in its row
-        self._free = list(range(rows - 1, -1, -1))
-
-    @property
-    def rows(self) -> dict[str, int]:
-        """request id -> its row."""
-        return dict(self.row_of)
-
-    def set(self, request_id: str, block_ids: Sequence[int]) -> int:
-        """The request's row, holding exactly `block_ids` (a new row for a new id)."""
-        row = self.row_of.get(request_id)
-        if row is None:
-            row = self.row_of[request_id] = self._take()
-        else:
-            self.table[row, : self._len[request_id]] = 0
-        self._write(row, 0, block_ids)
-        self._len[request_id] = len(block_ids)
-        return row
-
-    def append(self, request_id: str, block_ids: Sequence[int]) -> None:
-        """Append `block_ids` to the request's row."""
-        known = self._len[request_id]
-        self._write(self.row_of[request_id], known, block_ids)
-        self._len[request_id] = known + len(block_ids)
-
-    def _write(self, row: int, start: int, block_ids: Sequence[int]) -> None:
-        """Write block_ids at columns start, start + 1, ... of the row."""
-        n = start + len(block_ids)
-        if n > self.table.shape[1]:
-            self._grow(width=max(n, 2 * self.table.shape[1]))
-        if n == start + 1:  # one block appended: the common case, a scalar write
-            self.table[row, start] = block_ids[0]
-        elif n > start:
-            self.table[row, start:n] = block_ids
-
-    def release(self, request_id: str) -> None:
-        row = self.row_of.pop(request_id, None)
-        if row is not None:
-            self.table[row, : self._len.pop(request_id)] = 0
-            self._free.append(row)
-
-    def _take(self) -> int:
-        if not self._free:
-            old = self.table.shape[0]
-            self._grow(rows=2 * old)
-            self._free = list(range(2 * old - 1, old - 1, -1))
-        return self._free.pop()
-
-    def _grow(self, rows: int | None = None, width: int | None = None) -> None:
-        r, w = rows or self.table.shape[0], width or self.table.shape[1]
-        table = np.zeros((r, w), dtype=np.int32)
-        table[: self.table.shape[0], : self.table.shape[1]] = self.table
-        self.table = table
+from engine.batch_rows import BatchRows
 
 
 class DeviceBuffers:
@@ -192,8 +127,6 @@ class SequenceLayout:
     # The tokens whose KV this step computes (a placeholder id where the host does not know it yet).
     token_ids: list[int]
     start_pos: int
-    # Its whole block table, written into its row by prepare(); None when the runner already wrote the row.
-    block_ids: Sequence[int] | None
     sample: bool
     fork_of: str | None = None  # a fork (no tokens) samples from this request's last row
 
@@ -251,9 +184,11 @@ class InputBatch:
         max_tokens: int = 2048,
         max_seqs: int = 64,
         max_blocks: int = 64,
+        rows: BatchRows | None = None,
     ) -> None:
+        """rows: the persistent batch whose block tables steps read (default: one of its own)."""
         self.block_size = block_size
-        self.tables = BlockTables(max_seqs, max_blocks)
+        self.rows = rows if rows is not None else BatchRows(1, rows=max_seqs, width=max_blocks)
         self.buffers = DeviceBuffers(device, max_tokens, max_seqs, max_blocks)
         self._arange = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: sliced, never written
 
@@ -263,15 +198,9 @@ class InputBatch:
         pad_to: int | None = None,
         full_width: bool = False,
     ) -> PreparedStep:
-        """Lay out `seqs`; their block table rows are `tables`' (written first from `block_ids` where given).
+        """Lay out `seqs`; their block tables are their rows of `self.rows`.
         pad_to: pad a decode-only batch with dummy sequences up to this many. full_width: block tables as
         wide as the buffer (fixed shapes for CUDA graphs) instead of the step's longest table."""
-        bs = self.block_size
-        tables = self.tables
-        self.buffers.host_free()
-        for s in seqs:
-            if s.block_ids is not None:
-                tables.set(s.request_id, s.block_ids)
         rids, toks, starts, samples = _columns(seqs)
         qlens = list(map(len, toks))
         forked = None
@@ -280,15 +209,39 @@ class InputBatch:
             rids, toks, starts, samples = _columns([s for s in seqs if s.token_ids])
             qlens = list(map(len, toks))
         ids = list(chain.from_iterable(toks))
-        row_of = tables.row_of
-        rows = [row_of[rid] for rid in rids]
+        row_of = self.rows.row_of
+        rows = np.array([row_of[rid] for rid in rids], dtype=np.int64)
+        decode_only = len(ids) == len(qlens)  # one token per sequence
+        return self.lay_out(
+            list(rids), rows, ids, starts, None if decode_only else qlens, samples, forked, pad_to, full_width
+        )
 
-        num_real, real_tokens = len(qlens), len(ids)
-        decode_only = real_tokens == num_real  # one token per sequence
+    def lay_out(
+        self,
+        rids: list[str],
+        row_arr: np.ndarray,
+        ids: Sequence[int] | np.ndarray,
+        starts: Sequence[int] | np.ndarray,
+        qlens: Sequence[int] | None,
+        samples: Sequence[bool] | np.ndarray | None,
+        forked: tuple[list[str], list[int]] | None = None,
+        pad_to: int | None = None,
+        full_width: bool = False,
+    ) -> PreparedStep:
+        """`prepare` from columns: per sequence its request id, row [S] int64, start position and query
+        length (qlens None: one token each, a decode-only step), whether it samples (None: all do); the
+        flat token ids [T]; forked: (sampled ids, their flat rows) for a step with forks."""
+        bs = self.block_size
+        tables = self.rows
+        self.buffers.host_free()
+        num_real, real_tokens = len(rids), len(ids)
+        decode_only = qlens is None
         pad = pad_to - num_real if pad_to is not None and pad_to > num_real and decode_only else 0
         num_seqs, num_tokens = num_real + pad, real_tokens + pad
         buf = self.buffers
-        width = -(-max(map(add, starts, qlens)) // bs) if num_real else 1
+        start = np.asarray(starts, dtype=np.int64)  # [S]
+        q = None if qlens is None else np.asarray(qlens, dtype=np.int64)  # [S]
+        width = -(-int((start + (1 if q is None else q)).max()) // bs) if num_real else 1
         num_samples = len(forked[0]) if forked is not None else num_real
         buf.fit(num_tokens, max(num_seqs, num_samples), width)
         table = tables.table
@@ -303,18 +256,16 @@ class InputBatch:
         input_ids[:real_tokens] = ids
         input_ids[real_tokens:] = 0
         pos = host["positions"][:num_tokens]  # [T]
-        row_arr = np.array(rows, dtype=np.int64)  # [S_real]
         seq_lens = host["seq_lens"][:num_seqs]  # [S] int32
         qsl = host["query_start_loc"][: num_seqs + 1]  # [S + 1] int32
         if decode_only:  # token i is sequence i: positions are the starts, no per-token index arithmetic
-            pos[:num_real] = starts
+            pos[:num_real] = start
             pos[num_real:] = 0
             np.add(pos, 1, out=seq_lens, casting="unsafe")
             qsl[:] = self._arange[: num_seqs + 1]
             token_rows, real_pos = row_arr, pos[:real_tokens]
         else:
-            q = np.array(qlens, dtype=np.int64)  # [S]
-            start = np.array(starts, dtype=np.int64)  # [S]
+            assert q is not None
             last = np.cumsum(q)  # [S]: end of each sequence's tokens
             qsl[0] = 0
             qsl[1:] = last
@@ -334,7 +285,7 @@ class InputBatch:
         if forked is not None:
             sample_ids, sample_list = forked
             host["sample_rows"][:num_samples] = sample_list
-        elif all(samples):  # every sequence samples from its last token
+        elif samples is None or all(samples):  # every sequence samples from its last token
             sample_ids = list(rids)
             np.subtract(qsl[1 : num_real + 1], 1, out=host["sample_rows"][:num_real])
         else:
@@ -349,10 +300,10 @@ class InputBatch:
             query_start_loc=up("query_start_loc", num_seqs + 1),
             seq_lens=up("seq_lens", num_seqs),
             block_tables=up("block_tables", num_seqs * out_width, (num_seqs, out_width)),
-            max_query_len=1 if decode_only else max(qlens),
+            max_query_len=1 if qlens is None else max(qlens),
             max_seq_len=max(seq_lens_cpu),
             is_decode_only=decode_only,
-            query_lens_cpu=(1,) * num_seqs if decode_only else tuple(qlens),
+            query_lens_cpu=(1,) * num_seqs if qlens is None else tuple(qlens),
             seq_lens_cpu=seq_lens_cpu,
         )
         step = PreparedStep(

@@ -34,7 +34,7 @@ from engine.model_loader import ModelSpec
 from engine.model_runner import PendingOutput
 from engine.outputs import CompletionOutput, EngineStats, PromptLogprobs, RequestOutput, StepDelta
 from engine.prompt import Chat, Prompt
-from engine.sampler import TokenSampler
+from engine.sampling.interface import TokenSampler
 from engine.sampling.make_sampler import make_sampler
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import GrammarMaskingSampler

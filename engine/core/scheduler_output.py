@@ -4,7 +4,7 @@
 `Scheduler.update_from_output(scheduler_output, runner_output)` appends tokens and decides who finished.
 
 A request reaches the runner once, as a `NewRequest` (prompt, parameters, tokens it already has); the runner
-keeps its own copy of each request's state (engine/request_state.py) and appends the ids it samples. After
+keeps its own copy of each request's state (a row of engine/batch_rows.py) and appends the ids it samples. After
 that a step names, per scheduled sequence, only what changed: how many tokens from which position, the
 blocks appended since the runner last heard (the whole table on the first step and after preemption),
 whether a token is sampled. Finished and preempted ids tell the runner what to drop. Plain Python values

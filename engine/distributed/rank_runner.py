@@ -27,7 +27,7 @@ from engine.kv_cache import allocate_kv_pool, bytes_per_block
 from engine.kv_sizing import engine_memory, kv_pool_size, measures_reserve, most_blocks_usable
 from engine.model_loader import ModelSpec, load_model
 from engine.model_runner import ModelRunner
-from engine.sampler import TokenSampler
+from engine.sampling.interface import TokenSampler
 from engine.warmup import DeviceMemory, device_memory, measure_reserve, warmup_plan
 
 log = structlog.get_logger("conveyor.engine")

@@ -1,1 +1,1 @@
-"""Pieces of the sampler, one idea per file; `engine.sampler` is the import point."""
+"""The samplers (host_sampler, device_sampler) behind one interface (interface.py), one idea per file."""

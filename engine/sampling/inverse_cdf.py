@@ -7,8 +7,8 @@ sum of the row's weights (float64, so the tail keeps its resolution) and one uni
 token = the first index whose cumulative weight exceeds u x the row's mass; the sum is taken over blocks and
 then inside the chosen block, so one pass reads the row.
 
-u comes from the row seed (`engine.sampling.noise.row_seeds`) through splitmix64, so a seeded request still
-draws the same token whatever its batch; the stream differs from the race's for the same seed.
+u comes from the row seed (`engine.sampling.noise.row_uniforms`), so a seeded request still draws the
+same token whatever its batch and device; the stream differs from the race's for the same seed.
 """
 
 from __future__ import annotations
@@ -16,27 +16,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.sampling.noise import splitmix64
-
-# Mixed into the row seed so that this uniform is not the race's noise of token 0.
-_STREAM = np.uint64(0x2545F4914F6CDD1D)
+from engine.sampling.noise import as_seeds, row_uniforms
 
 
-def row_uniforms(seeds: np.ndarray) -> np.ndarray:
-    """seeds: [R] uint64 -> [R] float64 uniforms in [0, 1) (the top 53 bits of a splitmix64 hash)."""
-    with np.errstate(over="ignore"):
-        bits = splitmix64(seeds ^ _STREAM)
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
-
-
-def sample_by_cdf(weights: torch.Tensor, seeds: np.ndarray, block: int = 64) -> torch.Tensor:
-    """weights: [R, V] float32, >= 0, a positive entry per row; seeds: [R] uint64 -> [R] int64 token ids,
-    token t of row r with probability weights[r, t] / weights[r].sum().
+def sample_by_cdf(weights: torch.Tensor, seeds: torch.Tensor | np.ndarray, block: int = 64) -> torch.Tensor:
+    """weights: [R, V] float32, >= 0, a positive entry per row; seeds: [R] row seeds (`noise.as_seeds`) -> [R] int64
+    token ids, token t of row r with probability weights[r, t] / weights[r].sum().
 
     Two levels, so that only one pass reads the whole row: the cumulative sum of block sums picks the block
     ([R, V / b] float64), then the cumulative sum inside that block picks the token ([R, b])."""
-    u = torch.from_numpy(row_uniforms(seeds))  # [R] float64
-    return sample_by_uniform(weights, u, block)
+    return sample_by_uniform(weights, row_uniforms(as_seeds(seeds).to(weights.device)), block)
 
 
 def sample_by_uniform(weights: torch.Tensor, u: torch.Tensor, block: int = 64) -> torch.Tensor:

@@ -8,7 +8,7 @@ penalised top-k of the row is the top-k of the candidates (ties at the k-th valu
 choice is a valid top-k, as with `torch.topk`). That holds whenever k of the top-k' are unseen, and often
 when fewer are: penalised seen tokens still rank high.
 
-    topk_candidates(k') --> seen? (SeenTokens.contains, a bit test) --> penalise --> L >= m ? top-k
+    topk_candidates(k') --> seen? (RowView.seen_contains, a bit test) --> penalise --> L >= m ? top-k
     rows where L < m, and rows with r < 1 (seen tokens raised: they can climb from anywhere): exactly,
     every seen token penalised in a copy of the row, then `topk_rows`
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.sampling.seen_tokens import SeenTokens
+from engine.batch_view import RowView
 from engine.sampling.topk import top_sorted, topk_candidates, topk_rows
 
 GROW_EXTRA = 16  # k' - k after the first step where a row missed
@@ -31,10 +31,10 @@ GROW_EXTRA = 16  # k' - k after the first step where a row missed
 class SeenPenalty:
     """The repetition penalty of rows that take their top-k as candidates.
 
-    seen_rows: [R] int64, each row's row in the last `seen.sync` (any value where factor is 1);
+    seen_rows: [R] int64, each row's position in the step's `RowView` (any value where factor is 1);
     factor: [R] float32, the repetition penalty (1: none); extra: k' - k, updated by `topk` for the next step."""
 
-    def __init__(self, seen: SeenTokens, seen_rows: np.ndarray, factor: np.ndarray, extra: int) -> None:
+    def __init__(self, seen: RowView, seen_rows: np.ndarray, factor: np.ndarray, extra: int) -> None:
         self.seen, self.seen_rows, self.factor = seen, seen_rows, factor
         self.extra = extra
 
@@ -52,7 +52,7 @@ class SeenPenalty:
         wide = min(k + self.extra, limit)
         values, ids, bound = topk_candidates(x, wide)  # [G, W] raw, unordered; [G]
         f = factor[:, None]  # [G, 1]
-        seen = self.seen.contains(self.seen_rows[rows], ids) & (f != 1.0)  # [G, W]
+        seen = self.seen.seen_contains(self.seen_rows[rows], ids) & (f != 1.0)  # [G, W]
         penalised = np.where(seen, np.where(values > 0, values / f, values * f), values)
         top_values, top_ids = top_sorted(penalised, ids, k)  # [G, k]
         fits = (top_values[:, -1].numpy() >= bound) & (factor >= 1.0)  # L >= m
@@ -68,7 +68,7 @@ class SeenPenalty:
         """[len(which), V] float32: rows `which` of x (positions in x) with every seen token penalised."""
         out = x[torch.from_numpy(which)].numpy()  # a copy: x stays untouched
         for j, pos in enumerate(which.tolist()):
-            ids = self.seen.ids(int(self.seen_rows[rows[pos]]))
+            ids = self.seen.seen_ids(int(self.seen_rows[rows[pos]]))
             f = self.factor[rows[pos]]
             v = out[j, ids]
             out[j, ids] = np.where(v > 0, v / f, v * f)

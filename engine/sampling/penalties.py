@@ -1,81 +1,54 @@
-"""Logit penalties and masks that depend on a request's tokens so far.
+"""Logit penalties that depend on a request's tokens so far, from the persistent batch's rows; the host and
+the device sampler share them.
 
-All functions edit `logits` in place; `logits` is [B, V] float32 with V = the tokenizer's vocab size
-(padding columns already cut off), and row i belongs to `requests[i]`.
+`logits` is [B, V] float32 with V = the tokenizer's vocab size (padding columns already cut off), and row
+i belongs to position i of the step's `RowView`.
 """
 
 from __future__ import annotations
 
-import itertools
-
+import numpy as np
 import torch
 
-from engine.request_state import SamplingRequest as Request
+from engine.batch_view import RowView
+from engine.host_to_device import to_device
 
 
-def token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """counts: [B, V] float32, counts[i, t] = how often token t occurs in rows[i] (ids outside [0, V) ignored).
+def token_counts(
+    positions: np.ndarray, ids: np.ndarray, rows: int, vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """counts: [rows, V] float32, counts[positions[j], ids[j]] += 1 for each pair (ids outside [0, V) ignored).
 
-    One flat host-to-device copy and one index_add over `row * V + id`, whatever the row lengths.
-    """
-    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.int64)  # [sum(L)]
-    row = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([len(r) for r in rows]))  # [sum(L)]
-    keep = (flat >= 0) & (flat < vocab_size)
-    index = (row[keep] * vocab_size + flat[keep]).to(device)
-    counts = torch.zeros(len(rows) * vocab_size, dtype=torch.float32, device=device)  # [B * V]
-    ones = torch.ones(index.shape, dtype=torch.float32, device=device)
-    counts.index_add_(0, index, ones)  # sums of ones: exact, whatever the order
-    return counts.view(len(rows), vocab_size)
+    One flat host-to-device copy and one index_add over `position * V + id`, whatever the row lengths."""
+    keep = (ids >= 0) & (ids < vocab_size)
+    index = to_device(positions[keep] * vocab_size + ids[keep], device, torch.int64)
+    counts = torch.zeros(rows * vocab_size, dtype=torch.float32, device=device)  # [B * V]
+    counts.index_add_(0, index, torch.ones(index.shape, dtype=torch.float32, device=device))  # exact sums
+    return counts.view(rows, vocab_size)
 
 
-def needs_penalties(request: Request) -> bool:
-    p = request.params
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
-def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
-    """Repetition (HF), presence and frequency (OpenAI) penalties, vectorised over the batch.
+def apply_penalties(logits: torch.Tensor, view: RowView) -> torch.Tensor:
+    """Repetition (HF), presence and frequency (OpenAI) penalties, vectorised over the batch; a new tensor.
 
     repetition_penalty r over prompt + output tokens: a seen token's logit x becomes x / r if x > 0, else x * r.
     presence p and frequency f over output tokens only: x -= f * count + p * (count > 0).
     """
-    device = logits.device
-    vocab_size = logits.shape[1]
-    params = [r.params for r in requests]
-    rep = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device)[:, None]
-    if bool((rep != 1.0).any()):
-        seen = token_counts([r.token_ids() for r in requests], vocab_size, device) > 0  # [B, V] bool
-        factor = torch.where(logits > 0, 1.0 / rep, rep)  # [B, V] float32
-        logits.mul_(torch.where(seen, factor, 1.0))
-    freq = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=device)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=device)[:, None]
-    if bool((freq != 0.0).any() or (pres != 0.0).any()):
-        counts = token_counts([r.output_token_ids for r in requests], vocab_size, device)  # [B, V] float32
-        logits -= freq * counts + pres * (counts > 0).float()
+    device, (rows, vocab) = logits.device, logits.shape
+    if len(view.rep_rows):
+        rep = to_device(view.repetition, device)[:, None]  # [B, 1]
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(view.seen_mask(device), penalised, logits)
+    if view.dense:
+        counts = token_counts(*view.output_index(), rows, vocab, device)  # [B, V]
+        f = to_device(view.frequency, device)[:, None]
+        p = to_device(view.presence, device)[:, None]
+        logits = logits - (f * counts + p * (counts > 0).float())
+    return logits
 
 
-def min_tokens_banned(request: Request, eos_token_ids: frozenset[int]) -> list[int]:
-    """Token ids this request may not produce yet because it has fewer than min_tokens outputs."""
-    p = request.params
-    if len(request.output_token_ids) >= p.min_tokens:
-        return []
-    banned = set(p.stop_token_ids)
-    if not p.ignore_eos:
-        banned |= eos_token_ids
-    return sorted(banned)
-
-
-def apply_min_tokens(logits: torch.Tensor, requests: list[Request], eos_token_ids: frozenset[int]) -> None:
-    """Set the logits of EOS (unless ignore_eos) and stop_token_ids to -inf while output < min_tokens."""
-    vocab_size = logits.shape[1]
-    rows: list[int] = []
-    cols: list[int] = []
-    for i, r in enumerate(requests):
-        for t in min_tokens_banned(r, eos_token_ids):
-            if t < vocab_size:
-                rows.append(i)
-                cols.append(t)
-    if rows:
-        logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = -float(
-            "inf"
-        )
+def apply_bans(logits: torch.Tensor, positions: np.ndarray, ids: np.ndarray) -> None:
+    """logits[positions[j], ids[j]] = -inf in place (`RowView.banned()`: EOS and stop ids of rows short
+    of min_tokens); any view, contiguous or not."""
+    dev = logits.device
+    index = (to_device(positions, dev, torch.int64), to_device(ids, dev, torch.int64))
+    logits.index_put_(index, torch.tensor(-float("inf"), device=dev))

@@ -29,7 +29,7 @@ import torch
 
 from engine.sampling.argmax import argmax_rows
 from engine.sampling.inverse_cdf import sample_by_cdf
-from engine.sampling.noise import exponential_noise
+from engine.sampling.noise import as_seeds, exponential_noise
 from engine.sampling.nucleus import nucleus_candidates
 from engine.sampling.penalised_topk import SeenPenalty
 from engine.sampling.topk import topk_rows
@@ -41,13 +41,14 @@ def race(
     top_k: Sequence[int] | np.ndarray,
     top_p: Sequence[float] | np.ndarray,
     min_p: Sequence[float] | np.ndarray,
-    seeds: np.ndarray,
+    seeds: torch.Tensor | np.ndarray,
     penalty: SeenPenalty | None = None,
 ) -> list[int]:
     """logits: [R, V] float32; per-row parameters [R] (lists or arrays; top_k >= V or <= 0: off);
-    seeds: [R] uint64; penalty: the repetition penalty of top-k rows, None when logits carry it.
+    seeds: [R] row seeds (`noise.as_seeds`); penalty: the repetition penalty of top-k rows, None when logits carry it.
     Returns the R sampled token ids."""
     vocab_size, dev = logits.shape[1], logits.device
+    seeds = as_seeds(seeds)
     temperature = np.asarray(temperature, dtype=np.float32)
     min_p = np.asarray(min_p, dtype=np.float32)
     top_p = np.asarray(top_p, dtype=np.float32)
@@ -68,7 +69,7 @@ def race(
             w = torch.exp((sub - sub.amax(dim=-1, keepdim=True)) / t)  # [G, V]; the max is 1
             if bool((mp > 0).any()):
                 w = w.masked_fill(w < mp, 0.0)
-            out[rows] = sample_by_cdf(w, seeds[rows]).cpu().numpy()
+            out[rows] = sample_by_cdf(w, seeds[torch.from_numpy(rows)]).cpu().numpy()
             continue
         mass = None  # [G, 1] the mass top_p is relative to, when not the candidates' own
         if k < vocab_size:
@@ -82,7 +83,7 @@ def race(
             before = w.cumsum(dim=-1) - w  # kept mass strictly before each candidate
             total = w.sum(dim=-1, keepdim=True) if mass is None else mass
             w = w.masked_fill((before > tp * total) & (tp < 1.0), 0.0)
-        q = exponential_noise(seeds[rows], ids.cpu()).to(dev)  # [G, K]; hashed on the host
+        q = exponential_noise(seeds[torch.from_numpy(rows)], ids)  # [G, K]
         choice = argmax_rows(w / q)[:, None]  # [G, 1]
         out[rows] = ids.gather(1, choice.to(ids.device)).squeeze(1).cpu().numpy()
     return out.tolist()

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from engine.request_state import SamplingRequest as Request
-from engine.sampler import SampledIds, SamplerResult, TokenSampler
-from engine.sampling.host_to_device import to_device
+from engine.batch_view import RowView
+from engine.host_to_device import to_device
+from engine.sampling.interface import SampledIds, SamplerResult, TokenSampler
+from engine.sampling.request_rows import SamplingRequest
 
 # (row in the batch, its xgrammar.GrammarMatcher)
 MaskRows = list[tuple[int, Any]]
@@ -42,21 +43,24 @@ def apply_grammar_masks(logits: torch.Tensor, rows: MaskRows, vocab_size: int) -
 
 
 class GrammarMaskingSampler:
-    """Wraps the engine's sampler (called as `sampler(logits, requests)`): masks first, then samples.
+    """Wraps the engine's sampler: masks first, then samples.
 
-    `rows_for(requests)` names the constrained rows of this batch; the wrapped sampler is untouched, so
+    `rows_for(request_ids)` names the constrained rows of this batch; the wrapped sampler is untouched, so
     a batch without constraints costs one dict lookup per row.
     """
 
-    def __init__(self, sampler: TokenSampler, rows_for: Callable[[list], MaskRows], vocab_size: int) -> None:
+    def __init__(
+        self, sampler: TokenSampler, rows_for: Callable[[list[str]], MaskRows], vocab_size: int
+    ) -> None:
         self.sampler, self.rows_for, self.vocab_size = sampler, rows_for, vocab_size
 
-    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
-        logits = apply_grammar_masks(logits, self.rows_for(requests), self.vocab_size)
-        return self.sampler.launch(logits, requests)
+    def launch(self, logits: torch.Tensor, view: RowView) -> SampledIds:
+        logits = apply_grammar_masks(logits, self.rows_for(view.request_ids), self.vocab_size)
+        return self.sampler.launch(logits, view)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerResult:
-        return self.launch(logits, requests).read()
+    def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest]) -> SamplerResult:
+        logits = apply_grammar_masks(logits, self.rows_for([r.request_id for r in requests]), self.vocab_size)
+        return self.sampler(logits, requests)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sampler, name)

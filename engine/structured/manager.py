@@ -23,7 +23,6 @@ import structlog
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.errors import FailureCode
-from engine.request_state import SamplingRequest
 from engine.sampling_params import SamplingParams
 from engine.structured.batch_mask import MaskRows
 from engine.structured.compile_process import GrammarError
@@ -128,13 +127,11 @@ class StructuredOutputManager:
                 scheduler.release_grammar(seq_id)
         return failures
 
-    def rows(self, requests: list[SamplingRequest]) -> MaskRows:
+    def rows(self, request_ids: list[str]) -> MaskRows:
         matchers = self._matchers
         if not matchers:
             return []
-        return [
-            (i, t.matcher) for i, r in enumerate(requests) if (t := matchers.get(r.request_id)) is not None
-        ]
+        return [(i, t.matcher) for i, r in enumerate(request_ids) if (t := matchers.get(r)) is not None]
 
     def accept(self, requests: Iterable[Request]) -> list[Failure]:
         if not self._matchers:  # no constrained request: skip the per-request lookups

@@ -10,18 +10,19 @@ import torch
 from engine.distributed import step_message
 from engine.distributed.group import TPGroup
 from engine.distributed.step_message import STOP_HEADER, StepInputs, pack, receive, send, unpack
-from engine.input_batch import InputBatch, SequenceLayout
+from engine.input_batch import InputBatch
+from tests.helpers.model_helpers import TableLayout, prepare_with_tables
 
 
 def _step(copies: list[tuple[int, int]]) -> StepInputs:
     batch = InputBatch(block_size=4, device=torch.device("cpu"), max_tokens=16, max_seqs=4, max_blocks=4)
     seqs = [
-        SequenceLayout("a", [5, 6, 7, 8, 9], start_pos=2, block_ids=[3, 1], sample=True),  # prefill chunk
-        SequenceLayout("b", [11], start_pos=9, block_ids=[0, 2, 4], sample=True),  # decode
-        SequenceLayout("c", [12, 13], start_pos=0, block_ids=[5], sample=False),  # mid-prompt chunk
-        SequenceLayout("a2", [], start_pos=7, block_ids=[3, 6], sample=True, fork_of="a"),
+        TableLayout("a", [5, 6, 7, 8, 9], start_pos=2, block_ids=[3, 1], sample=True),  # prefill chunk
+        TableLayout("b", [11], start_pos=9, block_ids=[0, 2, 4], sample=True),  # decode
+        TableLayout("c", [12, 13], start_pos=0, block_ids=[5], sample=False),  # mid-prompt chunk
+        TableLayout("a2", [], start_pos=7, block_ids=[3, 6], sample=True, fork_of="a"),
     ]
-    s = batch.prepare(seqs)
+    s = prepare_with_tables(batch, seqs)
     return StepInputs(s.input_ids, s.positions, s.meta, s.sample_rows, copies)
 
 
@@ -46,7 +47,7 @@ def test_a_mixed_step_round_trips():
 
 def test_a_decode_only_step_without_copies_round_trips():
     batch = InputBatch(block_size=4, device=torch.device("cpu"), max_tokens=8, max_seqs=4, max_blocks=4)
-    s = batch.prepare([SequenceLayout("x", [3], start_pos=4, block_ids=[2, 9], sample=True)])
+    s = prepare_with_tables(batch, [TableLayout("x", [3], start_pos=4, block_ids=[2, 9], sample=True)])
     want = StepInputs(s.input_ids, s.positions, s.meta, s.sample_rows, [])
     got = unpack(*pack(want))
     _assert_same(got, want)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.batch_view import RowView
 from engine.core.request import Request
-from engine.sampler import SampledIds
+from engine.sampling.interface import SampledIds
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -62,7 +63,7 @@ class GreedyResult:
 
 
 class GreedySampler:
-    """Stand-in for engine.sampler.Sampler: argmax, so these tests do not depend on the sampler's work."""
+    """Stand-in for the host Sampler: argmax, so these tests do not depend on the sampler's work."""
 
     def __init__(self, vocab_size: int = 0, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.calls: list[tuple[torch.Tensor, list[str]]] = []
@@ -71,5 +72,38 @@ class GreedySampler:
         self.calls.append((logits.clone(), [r.request_id for r in requests]))
         return GreedyResult(logits.argmax(-1).tolist(), [None] * len(requests))
 
-    def launch(self, logits: torch.Tensor, requests: list[Request]) -> SampledIds:
-        return SampledIds.ready(self(logits, requests), logits.device)  # type: ignore[arg-type]
+    def launch(self, logits: torch.Tensor, view: RowView) -> SampledIds:
+        self.calls.append((logits.clone(), list(view.request_ids)))
+        result = GreedyResult(logits.argmax(-1).tolist(), [None] * len(view))
+        return SampledIds.ready(result, logits.device)  # type: ignore[arg-type]
+
+
+@dataclass
+class TableLayout:
+    """A SequenceLayout with its whole block table, for tests that lay steps out without a runner."""
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int] | None  # None: the row's table is already written
+    sample: bool
+    fork_of: str | None = None
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+def prepare_with_tables(batch, seqs: list[TableLayout], **options):
+    """batch.prepare(seqs) after giving each sequence a row (if new) holding its block table."""
+    from engine.input_batch import SequenceLayout
+    from engine.sampling_params import SamplingParams
+
+    rows = batch.rows
+    for s in seqs:
+        if s.request_id not in rows:
+            rows.add(s.request_id, [], [], SamplingParams())
+        if s.block_ids is not None:
+            rows.set_blocks(s.request_id, s.block_ids)
+    layouts = [SequenceLayout(s.request_id, s.token_ids, s.start_pos, s.sample, s.fork_of) for s in seqs]
+    return batch.prepare(layouts, **options)

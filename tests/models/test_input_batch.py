@@ -7,16 +7,18 @@ import random
 import pytest
 import torch
 
+from engine.batch_rows import BatchRows
 from engine.core.scheduler_output import RunnerOutput
 from engine.cuda_graphs import batch_buckets, bucket_for
-from engine.input_batch import BlockTables, InputBatch, SequenceLayout
+from engine.input_batch import InputBatch
+from engine.sampling_params import SamplingParams
 from tests.helpers.engine_core_utils import make_requests, make_scheduler
-from tests.helpers.model_helpers import metadata
+from tests.helpers.model_helpers import TableLayout, metadata, prepare_with_tables
 
 BS = 4
 
 
-def _check_same(step, seqs: list[SequenceLayout]) -> None:
+def _check_same(step, seqs: list[TableLayout]) -> None:
     real = [s for s in seqs if s.token_ids]
     ref = metadata([(s.start_pos, len(s.token_ids), s.block_ids) for s in real], BS)
     got = step.meta
@@ -51,7 +53,7 @@ def test_random_steps_match_the_per_token_layout():
         if live and rng.random() < 0.15:
             gone = rng.choice(sorted(live))
             free += live.pop(gone)["blocks"]
-            batch.tables.release(gone)
+            batch.rows.remove(gone)
         seqs = []
         for rid, r in live.items():
             n = min(rng.randint(1, 5), r["prompt"] - r["done"]) if r["done"] < r["prompt"] else 1
@@ -59,30 +61,28 @@ def test_random_steps_match_the_per_token_layout():
             while len(r["blocks"]) * BS < end:
                 r["blocks"].append(free.pop())
             seqs.append(
-                SequenceLayout(
-                    rid, [rng.randint(0, 99) for _ in range(n)], r["done"], list(r["blocks"]), True
-                )
+                TableLayout(rid, [rng.randint(0, 99) for _ in range(n)], r["done"], list(r["blocks"]), True)
             )
             r["done"] = end
         if not seqs:
             continue
-        _check_same(batch.prepare(seqs), seqs)
-    assert set(batch.tables.rows) <= set(live)
+        _check_same(prepare_with_tables(batch, seqs), seqs)
+    assert set(batch.rows.row_of) <= set(live)
 
 
 def test_a_reused_request_id_gets_its_new_table():
     batch = InputBatch(BS, torch.device("cpu"))
-    first = [SequenceLayout("a", [1] * 6, 0, [7, 8], True)]
-    batch.prepare(first)
-    again = [SequenceLayout("a", [2] * 3, 0, [3], True)]  # the id came back with other blocks
-    _check_same(batch.prepare(again), again)
+    first = [TableLayout("a", [1] * 6, 0, [7, 8], True)]
+    prepare_with_tables(batch, first)
+    again = [TableLayout("a", [2] * 3, 0, [3], True)]  # the id came back with other blocks
+    _check_same(prepare_with_tables(batch, again), again)
 
 
 def test_buffers_keep_their_addresses():
     batch = InputBatch(BS, torch.device("cpu"), max_tokens=64, max_seqs=8, max_blocks=8)
-    a = batch.prepare([SequenceLayout("a", [1, 2, 3], 0, [5], True)])
-    b = batch.prepare(
-        [SequenceLayout("a", [4], 3, [5], True), SequenceLayout("b", [9, 9, 9, 9, 9], 0, [1, 2], True)]
+    a = prepare_with_tables(batch, [TableLayout("a", [1, 2, 3], 0, [5], True)])
+    b = prepare_with_tables(
+        batch, [TableLayout("a", [4], 3, [5], True), TableLayout("b", [9, 9, 9, 9, 9], 0, [1, 2], True)]
     )
     for x, y in [(a.input_ids, b.input_ids), (a.positions, b.positions), (a.sample_rows, b.sample_rows)]:
         assert x.data_ptr() == y.data_ptr()
@@ -92,8 +92,8 @@ def test_buffers_keep_their_addresses():
 
 def test_decode_padding_adds_inert_sequences():
     batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
-    seqs = [SequenceLayout("a", [5], 6, [3, 4], True), SequenceLayout("b", [6], 1, [2], True)]
-    step = batch.prepare(seqs, pad_to=4, full_width=True)
+    seqs = [TableLayout("a", [5], 6, [3, 4], True), TableLayout("b", [6], 1, [2], True)]
+    step = prepare_with_tables(batch, seqs, pad_to=4, full_width=True)
     m = step.meta
     assert step.num_padded_seqs == 2 and step.input_ids.tolist() == [5, 6, 0, 0]
     assert m.slot_mapping.tolist() == [4 * BS + 2, 2 * BS + 1, -1, -1]
@@ -101,8 +101,8 @@ def test_decode_padding_adds_inert_sequences():
     assert m.block_tables.shape == (4, 8) and not m.block_tables[2:].any()
     assert step.positions.tolist() == [6, 1, 0, 0] and step.sample_rows.tolist() == [0, 1]
     # A step with a prefill chunk is never padded.
-    mixed = [SequenceLayout("a", [5], 7, [3, 4], True), SequenceLayout("c", [1, 2], 0, [9], True)]
-    assert batch.prepare(mixed, pad_to=4).num_padded_seqs == 0
+    mixed = [TableLayout("a", [5], 7, [3, 4], True), TableLayout("c", [1, 2], 0, [9], True)]
+    assert prepare_with_tables(batch, mixed, pad_to=4).num_padded_seqs == 0
 
 
 def test_buckets():
@@ -119,37 +119,44 @@ def test_buckets():
 def test_fork_without_parent_in_step_is_an_error():
     batch = InputBatch(BS, torch.device("cpu"))
     with pytest.raises(ValueError, match="parent"):
-        batch.prepare([SequenceLayout("a", [1], 0, [1], True), SequenceLayout("c", [], 3, [2], True, "p")])
+        prepare_with_tables(
+            batch, [TableLayout("a", [1], 0, [1], True), TableLayout("c", [], 3, [2], True, "p")]
+        )
 
 
 def test_a_preempted_request_gets_its_new_table_even_if_its_last_block_matches():
     batch = InputBatch(BS, torch.device("cpu"))
-    batch.prepare([SequenceLayout("a", [1] * 8, 0, [5, 9], True)])
+    prepare_with_tables(batch, [TableLayout("a", [1] * 8, 0, [5, 9], True)])
     # Preempted (blocks freed), then recomputed into [7, 9, 11]: block 9 lands at the same index by chance.
-    batch.tables.release("a")
-    again = [SequenceLayout("a", [1] * 9, 0, [7, 9, 11], True)]
-    _check_same(batch.prepare(again), again)
+    batch.rows.remove("a")
+    again = [TableLayout("a", [1] * 9, 0, [7, 9, 11], True)]
+    _check_same(prepare_with_tables(batch, again), again)
 
 
-def test_block_tables_set_append_and_release():
-    """set writes the whole row (clearing a longer old one), append writes only after what is there,
-    release clears the row and gives it back."""
-    tables = BlockTables(rows=4, width=8)
-    row = tables.set("a", [5, 6])
-    tables.table[row, 0] = 99  # a marker: any rewrite of the row's first entry would erase it
-    tables.append("a", [7])
-    assert tables.table[row, :4].tolist() == [99, 6, 7, 0]
-    tables.append("a", [])
-    tables.append("a", [8, 9])
-    assert tables.table[row, :6].tolist() == [99, 6, 7, 8, 9, 0]
-    assert tables.set("a", [3]) == row  # shorter: rewritten, the tail cleared
-    assert tables.table[row].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
-    other = tables.set("b", [1, 2])
-    assert other != row
-    tables.release("a")
-    assert tables.table[row].tolist() == [0] * 8 and tables.rows == {"b": other}
-    tables.append("b", list(range(10, 20)))  # wider than the table: it grows
-    assert tables.table[other, :12].tolist() == [1, 2, *range(10, 20)]
+def test_block_tables_set_append_and_remove():
+    """set_blocks writes the whole table (clearing a longer old one), append_blocks writes only after what
+    is there, remove clears the row and moves the last row into it (rows stay dense)."""
+    rows = BatchRows(16, rows=2, width=8)
+    for rid in "abc":  # the third grows the rows
+        rows.add(rid, [1], [], SamplingParams())
+    row = rows.row_of["a"]
+    rows.set_blocks("a", [5, 6])
+    rows.table[row, 0] = 99  # a marker: any rewrite of the row's first entry would erase it
+    rows.append_blocks("a", [7])
+    assert rows.table[row, :4].tolist() == [99, 6, 7, 0]
+    rows.append_blocks("a", [])
+    rows.append_blocks("a", [8, 9])
+    assert rows.table[row, :6].tolist() == [99, 6, 7, 8, 9, 0]
+    rows.set_blocks("a", [3])  # shorter: rewritten, the tail cleared
+    assert rows.table[row].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+    rows.set_blocks("c", [1, 2])
+    rows.remove("a")
+    assert rows.row_of == {"c": row, "b": 1} and rows.ids == ["c", "b"] and len(rows) == 2
+    assert rows.table[row, :3].tolist() == [1, 2, 0] and not rows.table[2].any()
+    rows.append_blocks("c", list(range(10, 20)))  # wider than the table: it grows
+    assert rows.table[row, :12].tolist() == [1, 2, *range(10, 20)]
+    rows.clear_blocks("c")  # preempted: the row stays, its table goes
+    assert "c" in rows and not rows.table[row].any()
 
 
 def test_a_block_appended_mid_run_reaches_the_runner():
@@ -159,18 +166,21 @@ def test_a_block_appended_mid_run_reaches_the_runner():
     (req,) = make_requests(1, 3, 9)
     sched.add_request(req)
     batch = InputBatch(BS, torch.device("cpu"), max_blocks=8)
+    batch.rows.add(req.request_id, req.prompt_token_ids, [], req.params)
     sent = []
     while sched.has_unfinished_requests():
         out = sched.schedule()
         (seq,) = out.sequences
         if seq.whole_table:
-            batch.tables.set(seq.request_id, seq.new_block_ids)
+            batch.rows.set_blocks(seq.request_id, seq.new_block_ids)
         else:
-            batch.tables.append(seq.request_id, seq.new_block_ids)
+            batch.rows.append_blocks(seq.request_id, seq.new_block_ids)
         tokens = req.token_ids()[seq.start_pos : seq.context_len]
-        step = batch.prepare([SequenceLayout(req.request_id, tokens, seq.start_pos, None, seq.sample)])
+        step = prepare_with_tables(
+            batch, [TableLayout(req.request_id, tokens, seq.start_pos, None, seq.sample)]
+        )
         full = sched.kv.block_ids(req.request_id)
-        _check_same(step, [SequenceLayout(req.request_id, tokens, seq.start_pos, full, seq.sample)])
+        _check_same(step, [TableLayout(req.request_id, tokens, seq.start_pos, full, seq.sample)])
         sent.append(seq.new_block_ids)
         sched.update_from_output(out, RunnerOutput({req.request_id: 7}))
     assert sent == [(0,), (), (1,), (), (), (), (2,), (), ()]
@@ -181,12 +191,11 @@ def test_a_step_leaves_nothing_of_the_previous_one_in_the_buffers():
     be cleared, whatever the previous step left there."""
     batch = InputBatch(BS, torch.device("cpu"), max_tokens=16, max_seqs=4, max_blocks=6)
     wide = [
-        SequenceLayout(r, [1] * 4, 16, tuple(range(10 * k + 1, 10 * k + 6)), True)
-        for k, r in enumerate("abcd")
+        TableLayout(r, [1] * 4, 16, tuple(range(10 * k + 1, 10 * k + 6)), True) for k, r in enumerate("abcd")
     ]
-    batch.prepare(wide, full_width=True)
-    narrow = [SequenceLayout("e", [2], 1, (9,), True), SequenceLayout("f", [3], 5, (7, 8), True)]
-    step = batch.prepare(narrow, pad_to=4, full_width=True)
+    prepare_with_tables(batch, wide, full_width=True)
+    narrow = [TableLayout("e", [2], 1, (9,), True), TableLayout("f", [3], 5, (7, 8), True)]
+    step = prepare_with_tables(batch, narrow, pad_to=4, full_width=True)
     assert step.meta.block_tables.tolist() == [[9, 0, 0, 0, 0, 0], [7, 8, 0, 0, 0, 0]] + [[0] * 6] * 2
     assert step.meta.slot_mapping.tolist() == [9 * BS + 1, 8 * BS + 1, -1, -1]
     assert step.input_ids.tolist() == [2, 3, 0, 0] and step.positions.tolist() == [1, 5, 0, 0]
@@ -201,8 +210,8 @@ def test_random_decode_only_steps_match_the_per_token_layout():
         for k in range(rng.randint(1, 12)):
             start = rng.randint(0, 40)
             blocks = tuple(rng.sample(range(1, 500), start // BS + 1))
-            seqs.append(SequenceLayout(f"r{k}", [rng.randint(0, 99)], start, blocks, rng.random() < 0.9))
-        step = batch.prepare(seqs)
+            seqs.append(TableLayout(f"r{k}", [rng.randint(0, 99)], start, blocks, rng.random() < 0.9))
+        step = prepare_with_tables(batch, seqs)
         _check_same(step, seqs)
         expected = [i for i, s in enumerate(seqs) if s.sample]
         assert step.sample_rows.tolist() == expected and step.sample_ids == [

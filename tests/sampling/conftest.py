@@ -8,7 +8,9 @@ import itertools
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from engine.batch_view import RowView
 from engine.core.request import Request
+from engine.sampling.request_rows import RequestRows
 from engine.sampling_params import SamplingParams
 from tests.helpers.bpe_tokenizer import build_tokenizer
 
@@ -37,3 +39,8 @@ def make_request(
 @pytest.fixture
 def make_req():
     return make_request
+
+
+def rows_of(requests: list[Request], vocab_size: int, eos: frozenset[int] = frozenset()) -> RowView:
+    """The requests as rows of a fresh persistent batch."""
+    return RequestRows(vocab_size, eos).sync(requests)

@@ -9,9 +9,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from engine.sampler import Sampler
-from engine.sampling import device_noise, inverse_cdf, noise
 from engine.sampling.device_sampler import DeviceSampler
+from engine.sampling.host_sampler import Sampler
 from engine.sampling.make_sampler import make_sampler
 from tests.sampling.conftest import make_request
 
@@ -135,19 +134,6 @@ def test_seeded_draws_do_not_depend_on_the_batch():
     assert together == alone
     backwards = _device_step(DeviceSampler(V, frozenset()), rows, requests[::-1]).token_ids
     assert backwards == alone[::-1]
-
-
-def test_device_hash_is_the_host_hash_bit_for_bit():
-    g = np.random.default_rng(1)
-    seeds = g.integers(0, 2**63 - 1, 16, dtype=np.int64).astype(np.uint64)
-    ids = torch.from_numpy(g.integers(0, 200_000, (16, 50)))
-    host = noise.exponential_noise(seeds, ids)
-    dev = device_noise.exponential_noise(torch.from_numpy(seeds.view(np.int64)), ids)
-    assert torch.equal(host, dev)
-    assert np.array_equal(
-        inverse_cdf.row_uniforms(seeds),
-        device_noise.row_uniforms(torch.from_numpy(seeds.view(np.int64))).numpy(),
-    )
 
 
 def test_the_path_is_chosen_from_the_device_at_build():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampler import Sampler
+from engine.sampling.host_sampler import Sampler
 
 V = 50
 EOS = frozenset({0})

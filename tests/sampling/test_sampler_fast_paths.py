@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.sampler import Sampler
+from engine.sampling.host_sampler import Sampler
 from engine.sampling.noise import exponential_noise
 from engine.sampling.penalties import apply_penalties
 from engine.sampling.race import race
-from engine.sampling.seen_tokens import SeenTokens
+from engine.sampling.request_rows import RequestRows
+from tests.sampling.conftest import rows_of
 
 V = 200
 EOS = frozenset({0})
@@ -42,27 +43,26 @@ def test_sparse_repetition_penalty_picks_what_the_dense_one_picks(make_req):
         )
         for i in range(8)
     ]
-    dense = logits.clone()
-    apply_penalties(dense, reqs)
+    dense = apply_penalties(logits, rows_of(reqs, V))
     assert Sampler(V, EOS)(logits, reqs).token_ids == dense.argmax(-1).tolist()
 
 
 def test_seen_tokens_follow_a_growing_request(make_req):
-    seen = SeenTokens(V)
-    req = make_req(prompt=[3, 3, 4], output=[])
+    batch = RequestRows(V)
+    req = make_req(prompt=[3, 3, 4], output=[], repetition_penalty=1.2)
     for new in [4, 9, 250, 9, 11]:  # 250 is out of the vocab: ignored
         req.append_output_token(new)
-        seen.sync([req])
-        rows, cols = seen.index([0])
+        view = batch.sync([req])
+        rows, cols = view.seen_index(np.array([0]))
         expected = sorted({t for t in req.token_ids() if t < V})
         assert rows.tolist() == [0] * len(cols)
         assert sorted(cols.tolist()) == expected
         probe = np.arange(V, dtype=np.int64)[None]
-        assert np.flatnonzero(seen.contains(np.array([0]), probe)[0]).tolist() == expected
-    other = make_req(prompt=[1], output=[])
-    seen.sync([other])
-    assert list(seen._by_id) == [other.request_id]  # requests absent from a step are forgotten
-    assert seen.index([0])[1].tolist() == [1]
+        assert np.flatnonzero(view.seen_contains(np.array([0]), probe)[0]).tolist() == expected
+    other = make_req(prompt=[1], output=[], repetition_penalty=1.2)
+    view = batch.sync([other])
+    assert batch.ids == [other.request_id]  # requests absent from a step are forgotten
+    assert view.seen_index(np.array([0]))[1].tolist() == [1]
 
 
 def test_penalty_state_is_rebuilt_for_a_new_request_with_an_old_id(make_req):
@@ -77,14 +77,14 @@ def test_penalty_state_is_rebuilt_for_a_new_request_with_an_old_id(make_req):
 
 
 def test_noise_depends_only_on_seed_and_token():
-    seeds = np.array([11, 12], dtype=np.uint64)
+    seeds = torch.tensor([11, 12])
     ids = torch.tensor([[3, 4, 5], [3, 4, 5]])
     q = exponential_noise(seeds, ids)
     assert q.shape == (2, 3) and bool((q > 0).all()) and not torch.equal(q[0], q[1])
     shuffled = exponential_noise(seeds[:1], torch.tensor([[5, 3]]))
     assert shuffled[0].tolist() == [q[0, 2].item(), q[0, 0].item()]
     # Exp(1): mean 1 over many tokens.
-    many = exponential_noise(np.array([5], dtype=np.uint64), torch.arange(200_000)[None])
+    many = exponential_noise(torch.tensor([5]), torch.arange(200_000)[None])
     assert abs(many.mean().item() - 1.0) < 0.01
 
 

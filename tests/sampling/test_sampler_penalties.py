@@ -4,29 +4,35 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import Sampler
-from engine.sampling.penalties import apply_min_tokens, apply_penalties
+from engine.sampling.host_sampler import Sampler
+from engine.sampling.penalties import apply_bans, apply_penalties
+from tests.sampling.conftest import rows_of
 
 EOS = frozenset({0})
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative(make_req):
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]])
-    apply_penalties(logits, [make_req(prompt=[0], output=[1, 1], repetition_penalty=2.0)])
+    logits = apply_penalties(
+        logits, rows_of([make_req(prompt=[0], output=[1, 1], repetition_penalty=2.0)], logits.shape[1])
+    )
     assert logits.tolist() == [[1.0, -2.0, 0.5, 3.0, -2.0]]
 
 
 def test_presence_and_frequency_count_output_tokens_only(make_req):
     logits = torch.zeros(1, 5)
     req = make_req(prompt=[4, 4], output=[1, 1, 2], presence_penalty=1.0, frequency_penalty=0.5)
-    apply_penalties(logits, [req])
+    logits = apply_penalties(logits, rows_of([req], logits.shape[1]))
     # token 1: 0.5*2 + 1 = 2; token 2: 0.5*1 + 1 = 1.5; prompt token 4 untouched.
     assert logits.tolist() == [[0.0, -2.0, -1.5, 0.0, 0.0]]
 
 
 def test_negative_presence_and_frequency_encourage(make_req):
     logits = torch.zeros(1, 3)
-    apply_penalties(logits, [make_req(output=[2], presence_penalty=-1.0, frequency_penalty=-0.25)])
+    logits = apply_penalties(
+        logits,
+        rows_of([make_req(output=[2], presence_penalty=-1.0, frequency_penalty=-0.25)], logits.shape[1]),
+    )
     assert logits.tolist() == [[0.0, 0.0, 1.25]]
 
 
@@ -37,7 +43,7 @@ def test_penalties_are_per_row(make_req):
         make_req(output=[0]),
         make_req(output=[1, 1], frequency_penalty=1.0),
     ]
-    apply_penalties(logits, reqs)
+    logits = apply_penalties(logits, rows_of(reqs, logits.shape[1]))
     assert logits.tolist() == [[0.25, 1.0], [1.0, 1.0], [1.0, -1.0]]
 
 
@@ -59,7 +65,7 @@ def test_min_tokens_masks_eos_and_stop_token_ids(make_req):
     reqs = [make_req(output=[], ignore_eos=True, **params)]
     assert sampler(logits, reqs).token_ids == [0]
     masked = logits.clone()
-    apply_min_tokens(masked, reqs, EOS)
+    apply_bans(masked, *rows_of(reqs, 4, EOS).banned())
     assert masked[0, 1].item() == float("-inf") and masked[0, 0].item() == 9.0
 
 
@@ -76,7 +82,7 @@ def test_empty_history_and_out_of_range_ids_are_harmless(make_req):
         make_req(output=[], frequency_penalty=1.0),
         make_req(prompt=[7], output=[9, 2], repetition_penalty=2.0),
     ]
-    apply_penalties(logits, reqs)
+    logits = apply_penalties(logits, rows_of(reqs, logits.shape[1]))
     assert logits.tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.5]]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import Sampler
+from engine.sampling.host_sampler import Sampler
 from engine.sampling.noise import stable_seed
 
 V = 1000

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampler import Sampler
-from engine.sampling.noise import request_row_seeds, row_seeds, stable_seed
+from engine.sampling.host_sampler import Sampler
+from engine.sampling.noise import row_seeds, stable_seed
 from engine.sampling.penalised_topk import SeenPenalty
-from engine.sampling.seen_tokens import SeenTokens
+from engine.sampling.request_rows import RequestRows
 from engine.sampling.topk import topk_rows
+from tests.sampling.conftest import rows_of
 
 V = 300
 EOS = frozenset({0})
@@ -81,21 +82,21 @@ def test_kept_state_picks_what_a_fresh_sampler_picks(make_req):
 def test_seen_tokens_start_over_for_a_new_history(make_req):
     """A new request under an old id (even with a longer history), and a request whose tokens went
     down (preempted, output dropped), are re-read from scratch."""
-    seen = SeenTokens(V)
-    old = make_req(prompt=[1, 2], output=[3])
-    seen.sync([old])
-    new = make_req(prompt=list(range(10, 20)))  # longer than what was recorded for `old`
+    batch = RequestRows(V)
+    zero = np.array([0])
+    old = make_req(prompt=[1, 2], output=[3], repetition_penalty=1.5)
+    batch.sync([old])
+    new = make_req(prompt=list(range(10, 20)), repetition_penalty=1.5)  # longer than `old`'s history
     new.request_id = old.request_id
-    seen.sync([new])
-    assert sorted(seen.index([0])[1].tolist()) == list(range(10, 20))
+    assert sorted(batch.sync([new]).seen_index(zero)[1].tolist()) == list(range(10, 20))
     new.append_output_token(25)
-    seen.sync([new])
+    batch.sync([new])
     del new.output_token_ids[:]
     new._token_ids = None
-    new.prompt_token_ids = [7]
-    seen.sync([new])
-    assert seen.index([0])[1].tolist() == [7]
-    assert np.flatnonzero(seen.contains(np.array([0]), np.arange(V)[None])[0]).tolist() == [7]
+    new.prompt_token_ids = list(range(10, 19))  # fewer tokens than its row: another history
+    view = batch.sync([new])
+    assert view.seen_index(zero)[1].tolist() == list(range(10, 19))
+    assert np.flatnonzero(view.seen_contains(zero, np.arange(V)[None])[0]).tolist() == list(range(10, 19))
 
 
 def test_penalty_applies_to_tokens_seen_since_the_last_step(make_req):
@@ -122,14 +123,17 @@ def test_min_tokens_progress_is_read_every_step(make_req):
         req.append_output_token(token)
 
 
-def test_batch_params_are_reused_only_for_the_same_requests(make_req):
-    sampler = Sampler(V, EOS)
-    reqs = [make_req(seed=1), make_req(seed=2)]
-    first = sampler.batch_params(reqs)
-    assert sampler.batch_params(list(reqs)) is first  # another list, the same objects
-    assert sampler.batch_params(reqs[::-1]) is not first
-    swapped = sampler.batch_params([reqs[1], make_req(seed=3)])
-    assert swapped.seed.tolist() == [2, 3]
+def test_rows_follow_the_requests_given(make_req):
+    """A row per request: kept for the same object, made anew for another object under its id, dropped
+    when the request is absent; the rows stay dense (0..n-1) through removals."""
+    batch = RequestRows(V, EOS)
+    reqs = [make_req(seed=1), make_req(seed=2), make_req(seed=3)]
+    view = batch.sync(reqs)
+    assert view.rows.tolist() == [0, 1, 2]
+    assert batch.sync(reqs[::-1]).rows.tolist() == [2, 1, 0]
+    swapped = batch.sync([reqs[2], make_req(seed=4)])
+    assert sorted(swapped.rows.tolist()) == [0, 1] and len(batch) == 2
+    assert swapped.seeds_input()[0].tolist() == [3, 4]
 
 
 def _penalised_reference(x: torch.Tensor, seen: list[np.ndarray], factor: np.ndarray, k: int):
@@ -158,9 +162,11 @@ def test_penalised_topk_is_exact(make_req, monkeypatch, vocab):
         order[7, :5],
     ]
     factor = np.array([1.3, 4.0, 1.1, 2.0, 0.5, 1.0, 1.0, 0.9], dtype=np.float32)
-    reqs = [make_req(prompt=sorted(set(ids.tolist())), temperature=1.0) for ids in seen_ids]
-    seen = SeenTokens(vocab)
-    seen.sync(reqs)
+    reqs = [
+        make_req(prompt=sorted(set(ids.tolist())), temperature=1.0, repetition_penalty=float(f))
+        for ids, f in zip(seen_ids, factor, strict=True)
+    ]
+    seen = rows_of(reqs, vocab)
     exact_rows: list[int] = []
     copy = SeenPenalty._penalised_copy
 
@@ -180,11 +186,12 @@ def test_penalised_topk_is_exact(make_req, monkeypatch, vocab):
 
 def test_vectorised_row_seeds_match_the_scalar_hash(make_req):
     reqs = [make_req(output=[1] * p, seed=s, sample_index=i) for p, s, i in [(0, 1, 0), (3, 1, 0), (3, 1, 2)]]
-    assert request_row_seeds(reqs).tolist() == [
+    seeds = row_seeds(*rows_of(reqs, V).seeds_input())
+    assert seeds.tolist() == [
         stable_seed(1, 0, 0),
         stable_seed(1, 0, 3),
         stable_seed(1, 2, 3),
     ]
     seeded = np.array([True, False])
     out = row_seeds(np.array([5, 0], np.uint64), seeded, np.zeros(2, np.uint64), np.array([4, 4]))
-    assert out[0] == stable_seed(5, 0, 4) and out[1] < 2**63
+    assert out[0].item() == stable_seed(5, 0, 4) and out[1].item() < 2**63

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling import host_to_device
+from engine import host_to_device
 from engine.structured import batch_mask
 
 
