@@ -11,7 +11,7 @@
 
 What is quantized: q/k/v, o, gate/up and down of every layer (the column- and row-parallel layers), and in
 `auto` and `int4` with `raw` the LM head from the file's own blocks (Q4_0/Q4_1 as int4, Q8_0 as an exact
-pair of int4 halves: engine/quant/lm_head.py), a tied head then no longer sharing the embedding's table.
+pair of int4 halves: engine/quant/lm_head.py); a tied head keeps the embedding's table for large batches.
 Otherwise the head stays in the serving dtype: rounding it again moves the logits most directly. The
 embedding (a row lookup, no packed kernel) and the norms stay as loaded.
 A layer whose shape a kernel cannot take stays as loaded, counted in the summary.
@@ -99,13 +99,13 @@ def _quantize_head(model: nn.Module, raw: Raw) -> str:
     head = getattr(model, "lm_head", None)
     if not isinstance(head, ParallelLMHead):
         return "as loaded"
-    got = _read(raw, "lm_head.weight")
     embed = getattr(model, "embed_tokens", None)
-    if got is None and embed is not None and head.weight is getattr(embed, "weight", None):
-        got = _read(raw, "model.embed_tokens.weight")  # tied: the head is the embedding's table
+    tied = embed is not None and head.weight is getattr(embed, "weight", None)
+    # Tied: the head is the embedding's table, stored under the embedding's name.
+    got = _read(raw, "model.embed_tokens.weight" if tied else "lm_head.weight")
     if got is None:
         return "as loaded"
-    new = quant_lm_head(head, *got)
+    new = quant_lm_head(head, *got, tied=tied)
     if isinstance(new, str):
         return new
     _replace(model, "lm_head", new)

@@ -15,8 +15,13 @@ of a lone request's step. The file holds it quantized (llama.cpp keeps a tied he
                   activation dtype, as for every int4 layer). Twice the int4 reads of K, still a quarter of
                   bfloat16's.
 
-The embedding keeps its table in the serving dtype (a row lookup, no packed kernel): a tied head stops
-sharing it. Tensor parallelism: rank r's head holds rows vocab_span(r); rows past the vocabulary give 0.
+The embedding keeps its table in the serving dtype (a row lookup, no packed kernel). torch's CPU int4 op
+dequantizes the weights again for every few input rows, so its cost grows with the rows while a dense
+matmul's barely does: for SmolLM2's head on two cores the pair took 3.6 ms for 1 row against 7.4 ms in
+bfloat16, but 11 against 10 at 8 rows and 45 against 12 at 32. A tied head therefore keeps the embedding's
+table (no extra memory) and multiplies by it from DENSE_MIN_ROWS rows on: the int4 kernel serves lone and
+small batches, the table large ones. An untied head has only the kernel. Tensor parallelism: rank r's head
+holds rows vocab_span(r); rows past the vocabulary give 0.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from engine.quant.gguf_blocks import INT4_TYPES, q4_to_int4, q8_0_to_int8, qtype
 from engine.quant.int4 import GROUP_SIZE, Int4Weight, int4_unfit_reason
 
 HEAD_TYPES = (*INT4_TYPES, "Q8_0")
+# Rows (sampled sequences) from which a tied head multiplies by the embedding's table instead (see above).
+DENSE_MIN_ROWS = 8
 
 
 def q8_0_as_int4_pair(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,19 +52,25 @@ def q8_0_as_int4_pair(q: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, t
 
 class QuantLMHead(nn.Module):
     """The vocabulary-parallel LM head on an int4 kernel: forward [..., hidden] -> [..., padded_vocab / size]
-    (this rank's columns), gather onto rank 0 as ParallelLMHead does. `doubled`: the kernel takes [x, x]."""
+    (this rank's columns), gather onto rank 0 as ParallelLMHead does. `doubled`: the kernel takes [x, x].
+    `dense`: the original head when it is tied (its table is the embedding's), used from DENSE_MIN_ROWS rows."""
 
-    def __init__(self, head: ParallelLMHead, kernel: Int4Weight, doubled: bool, kind: str) -> None:
+    def __init__(
+        self, head: ParallelLMHead, kernel: Int4Weight, doubled: bool, kind: str, dense: bool
+    ) -> None:
         super().__init__()
         self.kernel = kernel
         self.doubled = doubled
-        self.kind = kind
+        self.kind = kind + (f", the table from {DENSE_MIN_ROWS} rows" if dense else "")
         self.tp, self.vocab_size, self.hidden = head.tp, head.vocab_size, head.hidden
         self.bias = head.bias
+        self.dense = head if dense else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.hidden)
+        if self.dense is not None and x2.shape[0] >= DENSE_MIN_ROWS:
+            return self.dense(x)
         if self.doubled:
             x2 = torch.cat([x2, x2], dim=-1)  # [R, 2 * hidden]
         y = self.kernel(x2).reshape(*lead, self.kernel.out_features)
@@ -73,9 +86,12 @@ class QuantLMHead(nn.Module):
         return self.kind
 
 
-def quant_lm_head(head: ParallelLMHead, qtype: object, data, shape: tuple[int, int]) -> QuantLMHead | str:
+def quant_lm_head(
+    head: ParallelLMHead, qtype: object, data, shape: tuple[int, int], tied: bool = False
+) -> QuantLMHead | str:
     """The head on the int4 kernel from the file's blocks of the whole [vocab, hidden] table, or why not (a
-    string for the load log: the head then stays as loaded)."""
+    string for the load log: the head then stays as loaded). `tied`: the head's table is the embedding's,
+    kept for large batches."""
     name = qtype_name(qtype)
     weight = head.weight
     rows, hidden = weight.shape
@@ -100,4 +116,5 @@ def quant_lm_head(head: ParallelLMHead, qtype: object, data, shape: tuple[int, i
     unfit = int4_unfit_reason(rows, codes.shape[1], GROUP_SIZE, weight.device, weight.dtype)
     if unfit is not None:
         return f"as loaded ({name}): {unfit}"
-    return QuantLMHead(head, Int4Weight(codes, scale, zero, weight.dtype, weight.device), doubled, kind)
+    kernel = Int4Weight(codes, scale, zero, weight.dtype, weight.device)
+    return QuantLMHead(head, kernel, doubled, kind, dense=tied)

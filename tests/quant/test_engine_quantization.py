@@ -73,5 +73,5 @@ def test_load_log_names_the_head_served_from_a_gguf_file(tiny_model_dir, tmp_pat
     with capture_logs() as logs:
         net, _ = load_model(gguf, dtype="bfloat16", quantization="int4")
     (loaded,) = [e for e in logs if e["event"] == "weights loaded"]
-    assert loaded["lm_head"] == "int4 g32 pair (Q8_0 blocks, exact)"
+    assert loaded["lm_head"] == "int4 g32 pair (Q8_0 blocks, exact), the table from 8 rows"
     assert loaded["weight_bytes"] == weight_bytes(net)  # the head's kernel beside the embedding's table

@@ -13,7 +13,7 @@ from engine.distributed.group import TPGroup
 from engine.distributed.vocab_parallel import ParallelLMHead
 from engine.model_loader import load_model
 from engine.quant import quantize_model
-from engine.quant.lm_head import QuantLMHead, q8_0_as_int4_pair, quant_lm_head
+from engine.quant.lm_head import DENSE_MIN_ROWS, QuantLMHead, q8_0_as_int4_pair, quant_lm_head
 from tests.quant.test_quantize_model import _file_of
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -94,13 +94,18 @@ def test_head_of_a_model_is_served_from_its_blocks(tiny_model_dir, tied):
         files["lm_head.weight"] = (T.Q8_0, emb_blocks, (vocab, hidden))
     table = net.embed_tokens.weight.detach().clone()
     summary = quantize_model(net, "int4", raw=files.__getitem__)
-    assert summary.lm_head == "int4 g32 pair (Q8_0 blocks, exact)"
+    kind = "int4 g32 pair (Q8_0 blocks, exact)"
+    assert summary.lm_head == (f"{kind}, the table from {DENSE_MIN_ROWS} rows" if tied else kind)
     assert isinstance(net.lm_head, QuantLMHead)
     assert torch.equal(net.embed_tokens.weight, table)  # the embedding keeps its (loaded) table
-    hidden_states = torch.randn(3, hidden)
-    torch.testing.assert_close(
-        net.compute_logits(hidden_states), hidden_states @ emb_values.t(), rtol=1e-5, atol=1e-4
-    )
+    few = torch.randn(DENSE_MIN_ROWS - 1, hidden)
+    torch.testing.assert_close(net.compute_logits(few), few @ emb_values.t(), rtol=1e-5, atol=1e-4)
+    # From DENSE_MIN_ROWS rows a tied head multiplies by the table (here not the blocks' values, to tell
+    # the two apart); an untied head has only its kernel.
+    many = torch.randn(DENSE_MIN_ROWS, hidden)
+    want = many @ (table if tied else emb_values).t()
+    torch.testing.assert_close(net.compute_logits(many), want, rtol=1e-5, atol=1e-4)
+    assert (net.lm_head.dense is not None) == tied
 
 
 def test_head_stays_without_blocks_or_in_other_modes(tiny_model_dir):
