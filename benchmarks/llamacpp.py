@@ -4,6 +4,7 @@
     python benchmarks/llamacpp.py                        # 64 chat requests, 32 concurrent; then 16 one at a time
     python benchmarks/llamacpp.py --quick                # 8 requests, 4 concurrent, 16 tokens each
     python benchmarks/llamacpp.py --quantization int4    # Conveyor serving the file's Q4_1 weights as int4
+    python benchmarks/llamacpp.py --configs int4:bfloat16,none:float32   # both against one llama-server
 
 Both systems get the same token ids: a seeded choice of chat questions rendered with the file's chat
 template (benchmarks/chat_workload.py), greedy, exactly --max-output tokens each (EOS ignored: fixed output
@@ -17,6 +18,11 @@ lengths, so both do the same work). Two phases:
 - sequential: --sequential-requests of them one at a time, through the same engine and the same server.
 
 Conveyor's engine is stepped on a thread of its own, as `conveyor worker` steps it.
+
+`--configs` runs Conveyor once per `quantization:dtype` (`auto` is the engine's default) against one
+llama-server run; the first is the report's `conveyor`, all are in `conveyor_configs` with their ratios.
+Without it, one configuration from --quantization and --dtype (bfloat16 by default for int4 and int8:
+the CPU's packed int4/int8 kernels are many times slower with float32 activations).
 
 Each side runs with --threads threads (torch's intra-op threads; llama.cpp's -t and -tb) and is warmed up
 first; Conveyor runs first, then its engine is closed before llama-server starts, so they never overlap.
@@ -122,7 +128,36 @@ def on_thread(fn):
     return result[0]
 
 
-def run_conveyor(model: str, jobs: list[Job], sequential: list[Job], warm: list[Job], args) -> dict:
+def parse_configs(
+    text: str | None, quantization: str | None, dtype: str | None
+) -> list[tuple[str | None, str]]:
+    """[(quantization or None for the engine's default, dtype)] from `--configs` or the single options."""
+    if not text:
+        return [(quantization, dtype or ("bfloat16" if quantization in ("int4", "int8") else "float32"))]
+    out: list[tuple[str | None, str]] = []
+    for item in text.split(","):
+        q, sep, d = item.strip().partition(":")
+        if not sep or d not in ("float32", "bfloat16") or not q:
+            raise ValueError(
+                f"--configs wants quantization:dtype items (dtype float32 or bfloat16), got {item!r}"
+            )
+        out.append((None if q == "auto" else q, d))
+    return out
+
+
+def config_name(quantization: str | None, dtype: str) -> str:
+    return f"{quantization or 'auto'}:{dtype}"
+
+
+def run_conveyor(
+    model: str,
+    jobs: list[Job],
+    sequential: list[Job],
+    warm: list[Job],
+    args,
+    quantization: str | None,
+    dtype: str,
+) -> dict:
     import torch
 
     from engine import LLMEngine
@@ -135,14 +170,14 @@ def run_conveyor(model: str, jobs: list[Job], sequential: list[Job], warm: list[
         max_num_batched_tokens=args.max_batched_tokens,
         num_kv_blocks=args.concurrency * ctx // 16 + 64,
         block_size=16,
-        dtype=args.dtype,
+        dtype=dtype,
         device="cpu",
-        **quantization_options(args.quantization),
+        **quantization_options(quantization),
     )
     try:
         out: dict = {"served": served(engine), "torch_threads": torch.get_num_threads()}
         on_thread(lambda: drive(engine, warm, one_at_a_time=False, tag="w"))
-        print("conveyor: concurrent ...", flush=True)
+        print(f"conveyor {config_name(quantization, dtype)}: concurrent ...", flush=True)
         out["concurrent"] = on_thread(lambda: drive(engine, jobs, one_at_a_time=False, tag="c"))
         print(f"  {out['concurrent']['tokens_per_s']:.1f} output tok/s; one at a time ...", flush=True)
         out["sequential"] = on_thread(lambda: drive(engine, sequential, one_at_a_time=True, tag="s"))
@@ -229,7 +264,15 @@ def main(argv: list[str] | None = None) -> Path:
     )
     parser.add_argument("--threads", type=int, default=2, help="compute threads of each system")
     parser.add_argument("--max-batched-tokens", type=int, default=2048, help="Conveyor's step token budget")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="Conveyor's")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="Conveyor's: default bfloat16 with --quantization int4/int8, else float32",
+    )
+    parser.add_argument(
+        "--configs",
+        help="Conveyor configurations quantization:dtype, comma-separated (e.g. int4:bfloat16,none:float32)",
+    )
     parser.add_argument("--quick", action="store_true", help="a small run that checks everything works")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/llamacpp-<time>.json")
     args = parser.parse_args(argv)
@@ -244,6 +287,10 @@ def main(argv: list[str] | None = None) -> Path:
             setattr(args, name, quick if args.quick else full)
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    try:
+        configs = parse_configs(args.configs, args.quantization, args.dtype)
+    except ValueError as e:
+        parser.error(str(e))
     binary = find_server(args.llama_server)  # before any model is fetched or loaded
     gguf = resolve(args.model)
     if not gguf.endswith(".gguf"):
@@ -263,13 +310,17 @@ def main(argv: list[str] | None = None) -> Path:
         flush=True,
     )
     load_before = os.getloadavg()
-    conveyor = run_conveyor(gguf, jobs, sequential, warm, args)
+    runs = {config_name(*c): run_conveyor(gguf, jobs, sequential, warm, args, *c) for c in configs}
     llama = run_llamacpp(binary, gguf, jobs, sequential, warm, args, out.with_suffix(".server.log"))
     load_after = os.getloadavg()
-    ratios = {
-        phase: round(conveyor[phase]["tokens_per_s"] / llama[phase]["tokens_per_s"], 3)
-        for phase in ("concurrent", "sequential")
-    }
+    for run in runs.values():
+        run["ratio_over_llama_cpp"] = {
+            phase: round(run[phase]["tokens_per_s"] / llama[phase]["tokens_per_s"], 3)
+            for phase in ("concurrent", "sequential")
+        }
+        run["targets"] = {f"{p}>={t}": run["ratio_over_llama_cpp"][p] >= t for p, t in TARGETS.items()}
+    first = config_name(*configs[0])
+    conveyor, ratios = runs[first], runs[first]["ratio_over_llama_cpp"]
     report = {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "cpu": cpu_name(),
@@ -281,17 +332,19 @@ def main(argv: list[str] | None = None) -> Path:
         "sequential_requests": len(sequential),
         "prompt_tokens": sum(len(j.prompt_token_ids) for j in jobs),
         "conveyor": conveyor,
+        "conveyor_configs": runs,
         "llama_cpp": llama,
         "ratio_conveyor_over_llama_cpp": ratios,
         "targets": {f"{p}>={t}": ratios[p] >= t for p, t in TARGETS.items()},
     }
     out.write_text(json.dumps(report, indent=2))
-    for phase in ("concurrent", "sequential"):
-        print(
-            f"{phase:10}  conveyor {conveyor[phase]['tokens_per_s']:8.1f} tok/s   "
-            f"llama.cpp {llama[phase]['tokens_per_s']:8.1f} tok/s   ratio {ratios[phase]:.2f} "
-            f"(target >= {TARGETS[phase]})"
-        )
+    for name, run in runs.items():
+        for phase in ("concurrent", "sequential"):
+            print(
+                f"{phase:10}  conveyor {name:16} {run[phase]['tokens_per_s']:8.1f} tok/s   "
+                f"llama.cpp {llama[phase]['tokens_per_s']:8.1f} tok/s   "
+                f"ratio {run['ratio_over_llama_cpp'][phase]:.2f} (target >= {TARGETS[phase]})"
+            )
     print(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; wrote {out}")
     return out
 

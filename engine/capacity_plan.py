@@ -19,8 +19,9 @@ norms whole; the same rules the loaders use (engine/distributed/partition.py; th
 meta-device model with its own loader's code). A model that cannot split raises ValueError naming the reason.
 
 `quantization` (int8, int4, fp8) counts the linear projections (q/k/v, o, gate/up, down) as the kernels in
-engine/quant store them, scales included (engine/quant/memory.py); embeddings, LM head and norms stay in
-`dtype`. Native (Llama-family) models only, as in the engine.
+engine/quant store them, scales included (engine/quant/memory.py); embeddings and norms stay in `dtype`,
+and the LM head too, except a GGUF file's under int4 (served from the file's Q4_0/Q4_1/Q8_0 blocks, as the
+engine does). Native (Llama-family) models only, as in the engine.
 
 Sliding-window layers are listed but save nothing here: the engine keeps every block of a sequence until
 it finishes (no block is freed when it slides out of the windows), so KV per token counts every layer.
@@ -160,6 +161,8 @@ def plan(
         args = ModelArgs.from_hf(cfg)
         params, per_gpu = count_params(args), count_params(args, n)
         weights = native_weight_bytes(args, n, quantization, item)
+        if quantization == "int4":
+            weights += _gguf_head_extra(path, args, n, item)
     else:  # the generic path: transformers reads the config, parameters counted on a meta-device model
         from engine.models.generic.shape import generic_shape
 
@@ -266,6 +269,23 @@ def format_plan(p: Plan) -> str:
         capped = f" (the scheduler runs at most max_num_seqs={p.max_num_seqs})" if k > p.max_num_seqs else ""
         lines.append(f"sequences of {n:>6} tokens at once: {k}{capped}")
     return "\n".join(lines)
+
+
+def _gguf_head_extra(path: Path, args: ModelArgs, n: int, item: int) -> int:
+    """What a GGUF file's LM head on the int4 kernel adds to one rank's weights (0 for other checkpoints)."""
+    from engine.gguf_files import is_gguf
+
+    if not is_gguf(path):
+        return 0
+    from engine.gguf_files.checkpoint import GGUFCheckpoint
+    from engine.quant.memory import int4_head_extra_bytes
+
+    ckpt = GGUFCheckpoint(path)
+    name = "model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"
+    rows = padded_vocab(args.vocab_size, n) // n
+    return int4_head_extra_bytes(
+        ckpt.qtype_name(name), rows, args.hidden_size, args.tie_word_embeddings, item
+    )
 
 
 def _read_config(path: Path) -> dict:

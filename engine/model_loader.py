@@ -220,6 +220,7 @@ def quantize_and_report(net: torch.nn.Module, quantization: str, tp: TPGroup, ra
         weight_bytes=size,
         weight_mib=round(size / 2**20, 1),
         linear_layers=summary.layers or "as loaded",
+        lm_head=summary.lm_head,
         tp_rank=tp.rank,
     )
 

@@ -127,6 +127,10 @@ class GGUFCheckpoint:
     def slice(self, name: str) -> GGUFTensorView:
         return self._views[name]
 
+    def qtype_name(self, name: str) -> str:
+        """The stored type of a tensor by its HF name ("Q4_1", "Q8_0", "F32", ...)."""
+        return str(self._views[name].tensor.tensor_type.name)
+
     def raw(self, name: str) -> tuple[Any, np.ndarray, tuple[int, int]]:
         """(gguf.GGMLQuantizationType, [rows, bytes_per_row] uint8, (rows, cols)) of a 2-D weight, rows in HF
         order. Exact for permuted Q/K too: a row's blocks move with it."""

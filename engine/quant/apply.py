@@ -9,9 +9,11 @@
     fp8           e4m3 weights and per-token activations through torch._scaled_mm (CUDA, sm_89+ only).
     fp8-emulated  the same roundings multiplied in float32 anywhere: a fidelity check, not an engine option.
 
-What is quantized: q/k/v, o, gate/up and down of every layer (the column- and row-parallel layers). The
-embedding and the LM head stay in the serving dtype: the embedding is a row lookup (no packed kernel), the
-head is tied to it in many small models, and its rounding moves the logits most directly. Norms stay too.
+What is quantized: q/k/v, o, gate/up and down of every layer (the column- and row-parallel layers), and in
+`auto` and `int4` with `raw` the LM head from the file's own blocks (Q4_0/Q4_1 as int4, Q8_0 as an exact
+pair of int4 halves: engine/quant/lm_head.py); a tied head keeps the embedding's table for large batches.
+Otherwise the head stays in the serving dtype: rounding it again moves the logits most directly. The
+embedding (a row lookup, no packed kernel) and the norms stay as loaded.
 A layer whose shape a kernel cannot take stays as loaded, counted in the summary.
 
 Tensor parallelism: each rank quantizes the shard it holds (a row-parallel layer's all_reduce follows its
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 
 from engine.distributed.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from engine.distributed.vocab_parallel import ParallelLMHead
 from engine.quant.fp8 import Fp8Weight, fp8_device_refusal, fp8_shape_refusal
 from engine.quant.gguf_blocks import (
     BLOCK,
@@ -48,6 +51,7 @@ from engine.quant.gguf_blocks import (
 from engine.quant.int4 import GROUP_SIZE, Int4Weight, int4_unfit_reason, quantize_int4
 from engine.quant.int8 import Int8Weight, quantize_int8
 from engine.quant.linear import QuantLinear
+from engine.quant.lm_head import quant_lm_head
 
 RawBlocks = tuple[Any, np.ndarray, tuple[int, int]]
 Raw = Callable[[str], RawBlocks | None]
@@ -60,6 +64,7 @@ _PART_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "gate": "gate_proj",
 class QuantSummary:
     mode: str
     layers: dict[str, int] = field(default_factory=dict)  # what each linear layer became -> how many
+    lm_head: str = "as loaded"  # what the LM head became
 
 
 def quantize_model(model: nn.Module, mode: str, raw: Raw | None = None) -> QuantSummary:
@@ -85,7 +90,26 @@ def quantize_model(model: nn.Module, mode: str, raw: Raw | None = None) -> Quant
         if kernel is not None:
             reduce = module.tp if isinstance(module, RowParallelLinear) else None
             _replace(model, name, QuantLinear(kernel, module.bias, reduce, kind))
-    return QuantSummary(mode, dict(kinds))
+    head = _quantize_head(model, raw) if raw is not None and mode in ("auto", "int4") else "as loaded"
+    return QuantSummary(mode, dict(kinds), head)
+
+
+def _quantize_head(model: nn.Module, raw: Raw) -> str:
+    """Serve the LM head from the file's blocks where it can be exactly (lm_head.py); what it became."""
+    head = getattr(model, "lm_head", None)
+    if not isinstance(head, ParallelLMHead):
+        return "as loaded"
+    embed = getattr(model, "embed_tokens", None)
+    tied = embed is not None and head.weight is getattr(embed, "weight", None)
+    # Tied: the head is the embedding's table, stored under the embedding's name.
+    got = _read(raw, "model.embed_tokens.weight" if tied else "lm_head.weight")
+    if got is None:
+        return "as loaded"
+    new = quant_lm_head(head, *got, tied=tied)
+    if isinstance(new, str):
+        return new
+    _replace(model, "lm_head", new)
+    return new.kind
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -76,6 +76,19 @@ def test_refuses_with_one_line_when_llama_server_is_not_built(tmp_path, monkeypa
     assert "\n" not in message
 
 
+def test_configs_and_their_default_dtypes():
+    assert llamacpp.parse_configs(None, None, None) == [(None, "float32")]
+    assert llamacpp.parse_configs(None, "int4", None) == [("int4", "bfloat16")]
+    assert llamacpp.parse_configs(None, "int8", "float32") == [("int8", "float32")]
+    assert llamacpp.parse_configs("int4:bfloat16, auto:float32", "int8", None) == [
+        ("int4", "bfloat16"),
+        (None, "float32"),
+    ]
+    for bad in ("int4", "int4:float16", ":float32"):
+        with pytest.raises(ValueError, match="quantization:dtype"):
+            llamacpp.parse_configs(bad, None, None)
+
+
 def test_quick_mode_runs_both_sides_on_a_gguf_file(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("FAKE_LLAMA_LOG", str(tmp_path / "requests.jsonl"))
@@ -89,6 +102,8 @@ def test_quick_mode_runs_both_sides_on_a_gguf_file(tiny_model_dir, tmp_path, mon
             str(FAKE),
             "--threads",
             "1",
+            "--configs",
+            "auto:float32,int4:bfloat16",
             "--out",
             str(tmp_path / "r.json"),
         ]
@@ -106,6 +121,13 @@ def test_quick_mode_runs_both_sides_on_a_gguf_file(tiny_model_dir, tmp_path, mon
     assert served["model_file"] == "tiny.gguf" and served["quantization"] == "auto"
     assert served["weight_bytes_by_dtype"]["float32"] > 0
     assert set(report["ratio_conveyor_over_llama_cpp"]) == {"concurrent", "sequential"}
+    # Every configuration ran the same workload against the one llama-server run.
+    configs = report["conveyor_configs"]
+    assert list(configs) == ["auto:float32", "int4:bfloat16"]
+    assert configs["int4:bfloat16"]["served"]["quantization"] == "int4"
+    assert configs["int4:bfloat16"]["served"]["dtype"] == "bfloat16"
+    assert configs["int4:bfloat16"]["sequential"]["output_tokens"] == 2 * 16
+    assert set(configs["int4:bfloat16"]["targets"]) == {"concurrent>=1.5", "sequential>=1.0"}
     assert len(report["load_average_before"]) == 3
     # Both sides got the same prompts: the fake server saw the rendered chat prompts of the workload.
     sent = [json.loads(line)["prompt"] for line in (tmp_path / "requests.jsonl").read_text().splitlines()]

@@ -10,7 +10,9 @@ from structlog.testing import capture_logs
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.model_loader import load_model
+from engine.quant import weight_bytes
 from engine.quant.linear import QuantLinear
+from tests.helpers.gguf_writer import write_gguf
 from worker.cli.main import main
 
 
@@ -63,3 +65,13 @@ def test_load_log_says_what_the_weights_take(tiny_model_dir, dtype, warned):
     assert loaded["linear_layers"] == {"int4 g32": 8} and loaded["weight_bytes"] > 0
     slow = [e for e in logs if e["log_level"] == "warning" and "consider --dtype bfloat16" in e["event"]]
     assert bool(slow) == warned
+
+
+def test_load_log_names_the_head_served_from_a_gguf_file(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
+    gguf = write_gguf(tiny_model_dir("llama", tie_word_embeddings=True), tmp_path / "m.gguf", "Q8_0")
+    with capture_logs() as logs:
+        net, _ = load_model(gguf, dtype="bfloat16", quantization="int4")
+    (loaded,) = [e for e in logs if e["event"] == "weights loaded"]
+    assert loaded["lm_head"] == "int4 g32 pair (Q8_0 blocks, exact), the table from 8 rows"
+    assert loaded["weight_bytes"] == weight_bytes(net)  # the head's kernel beside the embedding's table

@@ -9,6 +9,7 @@ from engine.capacity_plan import plan
 from engine.model_loader import load_model
 from engine.quant import weight_bytes
 from engine.quant.memory import linear_bytes
+from tests.helpers.gguf_writer import write_gguf
 from worker.cli.main import main
 
 
@@ -42,3 +43,15 @@ def test_cli_option_and_refusals(tiny_model_dir):
         main, ["plan", "--model", str(tiny_model_dir("gemma2")), "--memory", "1GiB", "--quantization", "int8"]
     )
     assert out.exit_code != 0 and "native (Llama-family) models only" in out.output
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "F16"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_plan_counts_a_gguf_files_head_on_the_int4_kernel(tiny_model_dir, tmp_path, monkeypatch, qtype, tied):
+    # int4 serves a GGUF file's head from its blocks (Q8_0 as a pair of int4 halves, Q4_1 as int4, F16 as
+    # loaded): the plan counts what the loaded model holds.
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path / "cache"))
+    gguf = write_gguf(tiny_model_dir("llama", tie_word_embeddings=tied), tmp_path / "m.gguf", qtype)
+    net, _ = load_model(gguf, dtype="bfloat16", quantization="int4")
+    assert (net.lm_head.weight is not None) if qtype == "F16" else not hasattr(net.lm_head, "weight")
+    assert plan(gguf, 2**30, dtype="bfloat16", quantization="int4").weight_bytes == weight_bytes(net)
