@@ -24,10 +24,7 @@ Decode scenarios also print `device math`: the tensor work a GPU would do instea
 alone on the same logits (greedy: one argmax; sampling: the penalty edits and `race`, see
 `sampling_math_ms`), and `host` = total - device math: what remains whatever the device. That is an
 upper bound: the CPU's pass over the [256, 32000] logits (32 MB) also evicts the host's data from the
-caches, which slows the Python that follows it (a scheduler pass took ~0.1 ms after other Python and
-~0.25 ms right after the argmax, on this 2-core EPYC); on a GPU the logits never touch the host caches. So greedy decode also prints `without the pass over
-the logits`: bare steps whose sampler argmax is answered from a table of the same answers computed
-beforehand (`host_without_logits_pass_ms`), the host work as a GPU would see it.
+caches, which slows the Python that follows it; on a GPU the logits never touch the host caches.
 
 With `--device-ms T` it measures instead what a GPU would see (benchmarks/simulated_device.py): the forward
 and the sampler's tensor math become an op of T ms on a simulated stream that runs while the host goes
@@ -289,49 +286,10 @@ def run_decode(model_dir: Path, params_for: Callable[[int], SamplingParams], arg
     # What a GPU would run: the argmax for greedy, the sampler's tensor math otherwise.
     out["device_math_ms"] = out["logits_pass_ms"] if greedy else sampling_math_ms(logits, running)
     out["host_ms"] = out["bare"]["mean_ms"] - out["device_math_ms"]
-    if greedy:
-        out["host_without_logits_pass_ms"] = host_without_logits_pass_ms(engine, clock, args.steps)
     if args.profile:
         clock.instrument(False)
         out["profile"] = profile_steps(engine, args.profile)
     return out
-
-
-def host_without_logits_pass_ms(engine: LLMEngine, clock: Clock, steps: int) -> float | None:
-    """Bare greedy steps with the sampler's argmax answered from a table computed beforehand (the same
-    tokens), so no pass over the logits runs on this CPU, as on a GPU: the host work alone, without the
-    cache misses that the 32 MB pass causes in the Python after it. None when the sampler no longer calls
-    engine.sampling.host_sampler.argmax_rows on a view of the stub's logits table (then the replacement cannot answer)."""
-    import engine.sampling.host_sampler as sampler_module
-
-    original = getattr(sampler_module, "argmax_rows", None)
-    table = engine.runner.model._table  # [2 * rows, V] float32, rows rotate each step
-    if original is None:
-        return None
-    answers = torch.from_numpy(table.numpy().argmax(axis=-1).astype("int64"))  # [2 * rows]
-    row_bytes = table.stride(0) * table.element_size()
-    missed = []
-
-    def looked_up(x: torch.Tensor) -> torch.Tensor:
-        offset, rest = divmod(x.data_ptr() - table.data_ptr(), row_bytes)
-        if rest or not 0 <= offset <= table.shape[0] - x.shape[0] or x.stride(0) != table.stride(0):
-            missed.append(True)
-            return original(x)
-        return answers[offset : offset + x.shape[0]]
-
-    clock.instrument(False)
-    sampler_module.argmax_rows = looked_up
-    try:
-        for _ in range(3):
-            engine.step()
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - t0)
-    finally:
-        sampler_module.argmax_rows = original
-    return None if missed else statistics.fmean(times) * 1e3
 
 
 def logits_pass_ms(logits: torch.Tensor, repeats: int = 20) -> float:
@@ -547,8 +505,6 @@ def main() -> None:
                 if "logits_pass_ms" in row
                 else ""
             )
-            if row.get("host_without_logits_pass_ms") is not None:
-                floor += f" (without the pass over the logits: {row['host_without_logits_pass_ms']:.2f})"
             waits = f" | on-CPU {row['bare_cpu']['mean_ms']:.2f}, gc {row['gc']['mean_ms']:.2f}"
             print(
                 f"{name:16s} total {total:6.2f} ms/step (target < {target}) | steps timed by parts "

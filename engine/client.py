@@ -54,3 +54,8 @@ class EngineClient(Protocol):
     def free_capacity(self) -> tuple[int, int]:
         """(free sequence slots, free KV blocks): how much new work the engine can take at once."""
         ...
+
+    def kv_waste(self) -> tuple[int, int]:
+        """(allocated but unwritten KV slots, allocated KV slots) over the running sequences now: what the
+        paged cache holds back for tokens not yet written (O(blocks held): read it at a metrics interval)."""
+        ...

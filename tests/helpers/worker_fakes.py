@@ -172,6 +172,11 @@ class FakeEngine:
     def free_capacity(self) -> tuple[int, int]:
         return self.max_num_seqs - len(self.samples), self.num_blocks - self.blocks_used()
 
+    def kv_waste(self) -> tuple[int, int]:
+        held = self.blocks_used() * self.block_size
+        written = sum(len(s.prompt) + len(s.out) for s in self.samples if not s.aborted)
+        return held - written, held
+
     def expected_text(self, prompt: str, max_tokens: int, seed: int | None = None, sample: int = 0) -> str:
         s = _Sample(
             "x", sample, self.tokenizer.encode(prompt), SamplingParams(max_tokens=max_tokens, seed=seed)

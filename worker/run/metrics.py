@@ -29,6 +29,10 @@ class Metrics:
         self.waiting = gauge("conveyor_waiting_requests", "Requests waiting in the engine")
         self.kv_used = gauge("conveyor_kv_blocks_used", "KV cache blocks in use")
         self.kv_total = gauge("conveyor_kv_blocks_total", "KV cache blocks in all")
+        self.kv_unwritten = gauge(
+            "conveyor_kv_unwritten_ratio",
+            "Share of the KV slots held by running sequences that hold no token yet (paged: under a block each)",
+        )
         self.tokens_per_s = gauge(
             "conveyor_tokens_per_second", "Output tokens per second over the last interval"
         )

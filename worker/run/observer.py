@@ -97,6 +97,8 @@ class Observer:
         m.waiting.set(stats.num_waiting)
         m.kv_used.set(stats.num_kv_blocks_used)
         m.kv_total.set(stats.num_kv_blocks_total)
+        unwritten, held = engine.kv_waste()
+        m.kv_unwritten.set(unwritten / held if held else 0.0)
         m.tokens.inc(self._tokens_since_rate)
         m.tokens_per_s.set(self._tokens_since_rate / (now - self._last_rate))
         self._tokens_since_rate, self._last_rate = 0, now

@@ -17,6 +17,9 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return False
 
+    def kv_waste(self) -> tuple[int, int]:
+        return 0, 0
+
 
 def value(metrics: Metrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, {"consumer": "w", **labels})
