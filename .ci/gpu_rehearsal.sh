@@ -21,6 +21,7 @@ PACKAGES=(
     torch==2.13.0 triton==3.6.0 transformers==5.17.0 tokenizers==0.23.2 safetensors==0.8.0
     huggingface-hub==1.33.0 "numpy>=2,<2.4" click prometheus-client rich tqdm uvloop anyio h11 annotated-doc
     pytest hypothesis pytest-timeout pyyaml requests
+    matplotlib # benchmarks/article.py --quick draws its charts
     # huggingface-hub's CLI needs typer; from 0.29 typer needs pydantic, which the machine lacks (so its
     # typer is older): pydantic must come from the carried wheels, as there.
     "typer<0.29"
