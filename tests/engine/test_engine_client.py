@@ -25,7 +25,16 @@ def _shape(fn) -> list[tuple[str, inspect._ParameterKind, object]]:
 
 def test_the_protocol_lists_what_the_worker_uses():
     assert sorted(MEMBERS) == sorted(
-        ["add_request", "step", "abort", "has_unfinished_requests", "stats", "step_tokens", "free_capacity"]
+        [
+            "add_request",
+            "step",
+            "abort",
+            "has_unfinished_requests",
+            "stats",
+            "step_tokens",
+            "free_capacity",
+            "kv_waste",
+        ]
     )
 
 
