@@ -22,6 +22,8 @@ PACKAGES=(
     huggingface-hub==1.33.0 "numpy>=2,<2.4" click prometheus-client rich tqdm uvloop anyio h11 annotated-doc
     pytest hypothesis pytest-timeout pyyaml requests
     matplotlib # benchmarks/article.py --quick draws its charts
+    # ... and python-dateutil from 4.0 needs tzdata, which the machine's list lacks: the 2.9 it can have.
+    "python-dateutil<3"
     # huggingface-hub's CLI needs typer; from 0.29 typer needs pydantic, which the machine lacks (so its
     # typer is older): pydantic must come from the carried wheels, as there.
     "typer<0.29"
