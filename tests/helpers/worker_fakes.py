@@ -193,6 +193,19 @@ def blocked_clients(client) -> int:
     return int(client.info("clients")["blocked_clients"])
 
 
+class RecordingEngine(FakeEngine):
+    """The fake engine, noting the order jobs were added in (those it accepted)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.added: list[str] = []
+
+    def add_request(self, request_id, prompt, params=None, **kwargs) -> int:
+        n = super().add_request(request_id, prompt, params, **kwargs)
+        self.added.append(request_id)
+        return n
+
+
 @contextmanager
 def on_a_thread(worker):
     """Run a Worker on a thread; warm-stopped (drained) on exit, which must end it."""

@@ -13,7 +13,7 @@ import pytest
 
 from engine.outputs import EngineStats
 from tests.helpers.waiting import wait_until
-from tests.helpers.worker_fakes import FakeEngine, on_a_thread, real_engine, spawn_worker
+from tests.helpers.worker_fakes import RecordingEngine, on_a_thread, real_engine, spawn_worker
 from worker.cluster.shard_keys import ShardedKeys
 from worker.config import WorkerConfig
 from worker.connection import connect
@@ -30,17 +30,6 @@ from worker.shard_choice import choose_shard
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 SHARDS = 6
 STREAMS = [k.requests for k in ShardedKeys("conveyor", SHARDS).all()]
-
-
-class RecordingEngine(FakeEngine):
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.added: list[str] = []
-
-    def add_request(self, request_id, prompt, params=None, **kwargs) -> int:
-        n = super().add_request(request_id, prompt, params, **kwargs)
-        self.added.append(request_id)
-        return n
 
 
 def stats(running: int) -> EngineStats:

@@ -9,7 +9,7 @@ import pytest
 import structlog
 
 from tests.helpers.waiting import wait_until
-from tests.helpers.worker_fakes import FakeEngine, on_a_thread, real_engine, spawn_worker
+from tests.helpers.worker_fakes import FakeEngine, RecordingEngine, on_a_thread, real_engine, spawn_worker
 from worker.cluster.shard_keys import ShardedKeys
 from worker.config import WorkerConfig
 from worker.connection import connect
@@ -30,19 +30,6 @@ def _cfg(consumer: str, **overrides) -> WorkerConfig:
     return WorkerConfig(
         **{"group": "test", "consumer": consumer, "lease_ms": 3000, "shards": SHARDS, **overrides}
     )
-
-
-class RecordingEngine(FakeEngine):
-    """The fake engine, noting the order jobs were added in."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.added: list[str] = []
-
-    def add_request(self, request_id, prompt, params=None, **kwargs) -> int:
-        n = super().add_request(request_id, prompt, params, **kwargs)
-        self.added.append(request_id)
-        return n
 
 
 def test_two_workers_on_a_sharded_redis_run_each_job_once(redis_server, r):
